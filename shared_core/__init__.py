@@ -1,0 +1,82 @@
+"""hiermem core: hierarchical long-term memories for LLM applications, framework-neutral.
+
+Memories: :class:`SegTreeMem` (more as they land). Models: :class:`LocalEmbedder` (embedded default),
+:class:`OpenAIEmbedder`, :class:`OpenAIChat`, :class:`ExtractiveSummarizer`, :class:`LLMSummarizer`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .base import HierarchicalMemory
+from .segtree import SegTreeMem
+from .types import (
+    AddReport,
+    Completion,
+    EmbeddingError,
+    HierMemError,
+    Hit,
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    ModelError,
+    NodeNotFoundError,
+    PersistenceError,
+    UnknownPolicyError,
+    Usage,
+    VersionMismatchError,
+)
+
+if TYPE_CHECKING:
+    from .models.extractive import ExtractiveSummarizer
+    from .models.llm_summarizer import LLMSummarizer
+    from .models.local import LocalEmbedder
+    from .models.openai_models import OpenAIChat, OpenAIEmbedder
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AddReport",
+    "Completion",
+    "EmbeddingError",
+    "ExtractiveSummarizer",
+    "HierMemError",
+    "HierarchicalMemory",
+    "Hit",
+    "InvalidInputError",
+    "LLMRequiredError",
+    "LLMSummarizer",
+    "LocalEmbedder",
+    "Message",
+    "ModelError",
+    "NodeNotFoundError",
+    "OpenAIChat",
+    "OpenAIEmbedder",
+    "PersistenceError",
+    "SegTreeMem",
+    "UnknownPolicyError",
+    "Usage",
+    "VersionMismatchError",
+    "memory_classes",
+]
+
+_LAZY = {
+    "LocalEmbedder": ".models.local",
+    "OpenAIEmbedder": ".models.openai_models",
+    "OpenAIChat": ".models.openai_models",
+    "ExtractiveSummarizer": ".models.extractive",
+    "LLMSummarizer": ".models.llm_summarizer",
+}
+
+
+def __getattr__(name: str) -> Any:  # model classes load their heavy dependencies only when used
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'shared_core' has no attribute {name!r}")
+
+
+def memory_classes() -> dict[str, type[HierarchicalMemory]]:
+    """Memory classes by their ``kind`` (the name stored in saves)."""
+    return {cls.kind: cls for cls in (SegTreeMem,)}

@@ -1,0 +1,655 @@
+"""HierarchicalMemory: the public surface shared by MemTree, SegTreeMem, HAT and xMemory.
+
+A subclass supplies its insertion rule (:meth:`_insert`) and its retrieval policies (:meth:`_retrieve`);
+this class supplies input validation, atomic adds (compute first, commit last: a failed add leaves the
+memory exactly as before), the node index, relevance scoring, hits, budgets, deletion, statistics,
+plain-data export and persistence.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import copy
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from .index import NodeIndex, normalize_rows
+from .models.base import LLM, Embedder, Summarizer, validate_embeddings
+from .tree import NodeStore
+from .types import (
+    AddReport,
+    Hit,
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    MessageLike,
+    NodeNotFoundError,
+    UnknownPolicyError,
+    Usage,
+    as_messages,
+)
+
+__all__ = ["RELEVANCE_KINDS", "HierarchicalMemory", "count_tokens"]
+
+RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
+
+M = TypeVar("M", bound="HierarchicalMemory")
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text`` as every hiermem budget counts them (:func:`shared_core.eval.metrics.count_tokens`)."""
+    from .eval.metrics import count_tokens as _count
+
+    return _count(text)
+
+
+class HierarchicalMemory(abc.ABC):
+    """Base class of the hierarchical memories.
+
+    Args:
+        embedder: an :class:`~shared_core.models.base.Embedder`; default the embedded
+            :class:`~shared_core.models.local.LocalEmbedder` (all-MiniLM-L6-v2, 384-d, offline).
+        llm: an :class:`~shared_core.models.base.LLM`, or ``None`` (default) for the LLM-free mode.
+        summarizer: the aggregate function for internal nodes; default an LLM summariser with the
+            algorithm's prompt when ``llm`` is given, else :class:`ExtractiveSummarizer`.
+        summary_chars: length budget of extractive summaries in characters, default 600.
+
+    Thread safety: one writer at a time; readers wait for a write to finish and see a consistent tree.
+    """
+
+    kind: ClassVar[str] = "memory"
+    policies: ClassVar[tuple[str, ...]] = ("collapsed",)
+    default_policy: ClassVar[str] = "collapsed"
+    llm_policies: ClassVar[frozenset[str]] = frozenset()
+    FORMAT_VERSION: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        *,
+        summarizer: Summarizer | None = None,
+        summary_chars: int = 600,
+    ) -> None:
+        if embedder is None:
+            from .models.local import LocalEmbedder
+
+            embedder = LocalEmbedder()
+        if not hasattr(embedder, "embed"):
+            raise InvalidInputError(
+                f"embedder must have an embed(texts) method, got {type(embedder).__name__}."
+            )
+        if llm is not None and not hasattr(llm, "complete"):
+            raise InvalidInputError(f"llm must have a complete(prompt) method, got {type(llm).__name__}.")
+        self.embedder = embedder
+        self.llm = llm
+        self.summary_chars = int(summary_chars)
+        self.summarizer: Summarizer = summarizer or self._default_summarizer()
+        self._store = NodeStore()
+        self._index: NodeIndex | None = None
+        self._lexical: Any = None
+        self._lex_dirty: set[int] = set()
+        self._lex_removed: set[int] = set()
+        self._lock = threading.RLock()
+        self._usage = Usage()
+        self._query_usage = Usage()
+        self._pending: dict[int, tuple[str, np.ndarray]] = {}
+        self._tx_usage = Usage()
+        self._tx_vecs: dict[str, np.ndarray] = {}
+        self._state_snapshot: Any = None
+        self._version = 0  # bumped on every commit; caches key on it
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def _default_summarizer(self) -> Summarizer:
+        if self.llm is not None:
+            from .models.llm_summarizer import LLMSummarizer
+
+            return LLMSummarizer(self.llm)
+        from .models.extractive import ExtractiveSummarizer
+
+        return ExtractiveSummarizer(self.embedder, max_chars=self.summary_chars)
+
+    @abc.abstractmethod
+    def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
+        """Insert one message inside an open transaction; return per-message details."""
+
+    @abc.abstractmethod
+    def _retrieve(
+        self, query: str, policy: str, k: int, **params: Any
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Return ``(node_id, score, metadata)`` candidates, best first (more than ``k`` allowed)."""
+
+    def _config(self) -> dict[str, Any]:
+        """Constructor keyword arguments (JSON-serialisable, models excluded) to rebuild this memory."""
+        return {"summary_chars": self.summary_chars}
+
+    def _get_state(self) -> dict[str, Any]:
+        """Algorithm state outside the node store (JSON-serialisable)."""
+        return {}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`_get_state` returned."""
+
+    def _extra_stats(self) -> dict[str, Any]:
+        return {}
+
+    def _reannotate(self, nid: int, usage: Usage) -> None:
+        """Recompute an internal node's text from its children (used after deletions)."""
+        node = self._store.get(nid)
+        texts = [self._store.nodes[c].text for c in node.children if self._store.nodes[c].text]
+        if not node.text or not texts:
+            return
+        text, u = self.summarizer.summarize(texts)
+        usage += u
+        self._store.set_text(nid, text)
+
+    # ------------------------------------------------------------------ public: writing
+    def add(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Add messages in order.
+
+        Args:
+            items: a string, a :class:`Message`, or an iterable of them (inserted in order).
+
+        Returns:
+            :class:`AddReport` with the new leaf ids, per-message details and the model usage of this
+            call (embedding calls, LLM calls, tokens, seconds).
+
+        Raises:
+            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item.
+            EmbeddingError: the embedder returned vectors of the wrong shape or NaN.
+            ModelError: a model provider failed after its retries.
+
+        Any error leaves the memory exactly as it was before the call (all messages or none).
+        """
+        messages = as_messages(items)
+        t0 = time.perf_counter()
+        report = AddReport()
+        with self._lock:
+            self._begin(report.usage)
+            try:
+                for m in messages:
+                    report.details.append(self._insert(m, report.usage))
+                    report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
+                self._embed_pending(report.usage)
+                self._commit()
+            except BaseException:
+                self._rollback()
+                raise
+            report.usage.seconds = time.perf_counter() - t0
+            self._usage += report.usage
+        return report
+
+    async def aadd(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Async :meth:`add`: runs in a worker thread so the event loop is never blocked."""
+        return await asyncio.to_thread(self.add, items)
+
+    def delete(self, key: int | str) -> int:
+        """Forget a leaf (by node id or by the caller's source id) or a whole subtree (internal node id).
+
+        The structure is repaired (emptied internal nodes removed, ancestors' spans and annotations
+        recomputed from their remaining children) and the vectors removed, in one atomic step.
+
+        Args:
+            key: a node id (int) or a source id (``Message.id``, str; every leaf with that id).
+
+        Returns:
+            The number of leaves deleted.
+
+        Raises:
+            NodeNotFoundError: no such node or source id.
+        """
+        with self._lock:
+            if isinstance(key, bool):
+                raise InvalidInputError("delete takes a node id (int) or a source id (str).")
+            if isinstance(key, (int, np.integer)) and int(key) in self._store:
+                leaves = self._store.leaves_under(int(key))
+            elif isinstance(key, str) and key in self._store.by_source:
+                leaves = list(self._store.by_source[key])
+            else:
+                raise NodeNotFoundError(f"No node or source id {key!r} in this memory.")
+            usage = Usage()
+            self._begin(usage)
+            try:
+                self._delete_leaves(leaves, usage)
+                self._embed_pending(usage)
+                self._commit()
+            except BaseException:
+                self._rollback()
+                raise
+            self._usage += usage
+            return len(leaves)
+
+    def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
+        """Generic repair: detach leaves, drop emptied ancestors, recompute spans and annotations."""
+        st = self._store
+        touched: set[int] = set()
+        for lid in leaves:
+            if lid not in st:
+                continue
+            parent = st.nodes[lid].parent
+            st.detach(lid)
+            st.delete_node(lid)
+            while parent is not None and not st.nodes[parent].children and parent != st.root:
+                gp = st.nodes[parent].parent
+                st.detach(parent)
+                st.delete_node(parent)
+                touched.discard(parent)
+                parent = gp
+            if parent is not None:
+                touched.add(parent)
+        if (
+            st.root is not None
+            and st.root in st.nodes
+            and not st.nodes[st.root].children
+            and not st.nodes[st.root].is_leaf
+        ):
+            st.delete_node(st.root)
+            touched.clear()
+        # bottom-up: deepest first
+        depth = st.depths()
+        order: dict[int, None] = {}
+        for nid in sorted(touched, key=lambda i: -depth.get(i, 0)):
+            for a in [nid, *st.ancestors(nid)]:
+                order.setdefault(a, None)
+        for nid in sorted(order, key=lambda i: -depth.get(i, 0)):
+            st.refresh_span(nid)
+            self._reannotate(nid, usage)
+
+    def clear(self) -> None:
+        """Forget everything (configuration and models are kept)."""
+        with self._lock:
+            self._store = NodeStore()
+            self._index = None
+            self._lexical = None
+            self._set_state(self._initial_state())
+            self._version += 1
+
+    def _initial_state(self) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ transactions
+    def _begin(self, usage: Usage) -> None:
+        self._store.begin()
+        self._tx_usage = usage
+        self._pending = {}
+        self._tx_vecs = {}
+        self._state_snapshot = copy.deepcopy(self._get_state())
+
+    def _commit(self) -> None:
+        changed, removed = self._store.commit()
+        live = [i for i in changed if self._store.nodes[i].text]
+        if self._index is not None or live:
+            if self._index is None:
+                self._index = NodeIndex(next(iter(self._pending.values()))[1].shape[0])
+            self._index.remove(removed | {i for i in changed if not self._store.nodes[i].text})
+            if live:
+                self._index.upsert(live, np.stack([self._pending[i][1] for i in live]))
+        if self._lexical is not None:
+            self._lex_dirty |= set(live)
+            self._lex_removed |= removed | {i for i in changed if not self._store.nodes[i].text}
+        self._pending = {}
+        self._tx_vecs = {}
+        self._state_snapshot = None
+        self._version += 1
+
+    def _rollback(self) -> None:
+        self._store.rollback()
+        if self._state_snapshot is not None:
+            self._set_state(self._state_snapshot)
+        self._pending = {}
+        self._tx_vecs = {}
+        self._state_snapshot = None
+
+    # ------------------------------------------------------------------ vectors
+    @property
+    def dim(self) -> int | None:
+        """Vector dimension, once known."""
+        if self._index is not None:
+            return self._index.dim
+        try:
+            return int(self.embedder.dim)
+        except Exception:
+            return None
+
+    def _embed(self, texts: Sequence[str], usage: Usage) -> np.ndarray:
+        """Embed texts in one call (deduplicated, reusing this transaction's vectors); rows normalised."""
+        texts = list(texts)
+        todo = list(dict.fromkeys(t for t in texts if t not in self._tx_vecs))
+        if todo:
+            t0 = time.perf_counter()
+            raw = self.embedder.embed(todo)
+            dim = self._index.dim if self._index is not None else None
+            vecs = normalize_rows(validate_embeddings(raw, len(todo), dim))
+            usage.embed_calls += 1
+            usage.embedded_texts += len(todo)
+            usage.seconds += time.perf_counter() - t0
+            self._tx_vecs.update(zip(todo, vecs))
+        if not texts:
+            return np.zeros((0, self.dim or 0), dtype=np.float32)
+        return np.stack([self._tx_vecs[t] for t in texts])
+
+    def _set_vector(self, nid: int, vec: np.ndarray) -> None:
+        """Give node ``nid`` the vector of its current text (written to the index at commit)."""
+        self._pending[nid] = (self._store.nodes[nid].text, np.asarray(vec, dtype=np.float32))
+
+    def _vector(self, nid: int) -> np.ndarray:
+        """Current vector of a node: its text's vector in this transaction, else the indexed one.
+
+        A node whose text changed in the open transaction is embedded on demand (and counted).
+        """
+        text = self._store.nodes[nid].text
+        p = self._pending.get(nid)
+        if p is not None and p[0] == text:
+            return p[1]
+        if p is not None or nid in self._store.changed:
+            v = self._embed([text], self._tx_usage)[0]
+            self._pending[nid] = (text, v)
+            return v
+        assert self._index is not None
+        return self._index.get([nid])[0]
+
+    def _vectors(self, nids: Sequence[int]) -> np.ndarray:
+        if not nids:
+            return np.zeros((0, self.dim or 0), dtype=np.float32)
+        return np.stack([self._vector(i) for i in nids])
+
+    def _embed_pending(self, usage: Usage) -> None:
+        """Embed, in one call, every node whose text changed in this transaction and has no vector for it."""
+        st = self._store
+        need = []
+        for i in st.changed:
+            node = st.nodes.get(i)
+            if node is None or not node.text:
+                continue
+            p = self._pending.get(i)
+            if p is None or p[0] != node.text:
+                need.append(i)
+        if not need:
+            return
+        vecs = self._embed([st.nodes[i].text for i in need], usage)
+        for i, v in zip(need, vecs):
+            self._pending[i] = (st.nodes[i].text, v)
+
+    # ------------------------------------------------------------------ relevance
+    def _embed_query(self, query: str) -> np.ndarray:
+        t0 = time.perf_counter()
+        raw = self.embedder.embed([query])
+        dim = self._index.dim if self._index is not None else None
+        v = normalize_rows(validate_embeddings(raw, 1, dim))[0]
+        self._query_usage.embed_calls += 1
+        self._query_usage.embedded_texts += 1
+        self._query_usage.seconds += time.perf_counter() - t0
+        return v
+
+    def _lexical_index(self) -> Any:
+        """The BM25 index over node texts, brought up to date with the tree on demand."""
+        from .lexical import LexicalIndex
+
+        st = self._store
+        if self._lexical is None:
+            self._lexical = LexicalIndex()
+            self._lex_dirty = {i for i, n in st.nodes.items() if n.text}
+            self._lex_removed = set()
+        if self._lex_removed:
+            self._lexical.remove(sorted(self._lex_removed))
+        up = sorted(i for i in self._lex_dirty if i in st.nodes and st.nodes[i].text)
+        if up:
+            self._lexical.upsert(up, [st.nodes[i].text for i in up])
+        self._lex_dirty, self._lex_removed = set(), set()
+        return self._lexical
+
+    def relevance(
+        self, query: str, kind: str = "dense", hybrid_weight: float = 0.5, qvec: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Local relevance ``R(q, A(v)) >= 0`` of every indexed node.
+
+        Args:
+            query: the query text.
+            kind: ``"dense"`` (``max(cos, 0)`` of query and annotation embeddings, the papers' scorer),
+                ``"bm25"`` (BM25 over annotations, English stop words and Snowball stemming) or
+                ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
+                ``w * dense + (1 - w) * bm25``).
+            hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1], default 0.5.
+            qvec: a precomputed normalised query vector (optional).
+
+        Returns:
+            ``(ids int64 (n,), r float32 (n,))`` over every node that has text.
+
+        Raises:
+            UnknownPolicyError: an unknown ``kind``.
+        """
+        if kind not in RELEVANCE_KINDS:
+            raise UnknownPolicyError(f"relevance must be one of {RELEVANCE_KINDS}, got {kind!r}.")
+        if not 0.0 <= hybrid_weight <= 1.0:
+            raise InvalidInputError("hybrid_weight must be in [0, 1].")
+        if self._index is None or len(self._index) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        ids = self._index.ids.copy()
+        dense = None
+        if kind in ("dense", "hybrid"):
+            if qvec is None:
+                qvec = self._embed_query(query)
+            _, cos = self._index.scores_all(qvec)
+            dense = np.maximum(cos, 0.0).astype(np.float32)
+            if kind == "dense":
+                return ids, dense
+        lex_ids, lex = self._lexical_index().scores(query)
+        pos = {int(i): j for j, i in enumerate(ids.tolist())}
+        bm = np.zeros(len(ids), dtype=np.float32)
+        if len(lex_ids):
+            rows = np.fromiter((pos.get(int(i), -1) for i in lex_ids), dtype=np.int64, count=len(lex_ids))
+            ok = rows >= 0
+            bm[rows[ok]] = np.asarray(lex, dtype=np.float32)[ok]
+        if kind == "bm25":
+            return ids, bm
+        assert dense is not None
+        d = dense / dense.max() if dense.max() > 0 else dense
+        b = bm / bm.max() if bm.max() > 0 else bm
+        return ids, (hybrid_weight * d + (1.0 - hybrid_weight) * b).astype(np.float32)
+
+    # ------------------------------------------------------------------ public: reading
+    def retrieve(
+        self,
+        query: str,
+        k: int | None = None,
+        policy: str | None = None,
+        *,
+        max_tokens: int | None = None,
+        **params: Any,
+    ) -> list[Hit]:
+        """Retrieve nodes for a query.
+
+        Args:
+            query: the query text (non-empty).
+            k: at most this many hits (default: the memory's default, usually 10).
+            policy: one of :attr:`policies` (default :attr:`default_policy`).
+            max_tokens: optional budget of returned text in tokens (as :func:`count_tokens` counts);
+                hits that would exceed it are skipped.
+            **params: the policy's parameters (see the subclass).
+
+        Returns:
+            Hits, best first, with distinct texts.
+
+        Raises:
+            InvalidInputError: empty query, ``k < 1`` or ``max_tokens < 1``.
+            UnknownPolicyError: a policy this memory does not have.
+            LLMRequiredError: an LLM-only policy on a memory built without an LLM.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("query must be a non-empty string.")
+        policy = policy or self.default_policy
+        if policy not in self.policies:
+            raise UnknownPolicyError(
+                f"{type(self).__name__} has no policy {policy!r}; choose one of {', '.join(self.policies)}."
+            )
+        if policy in self.llm_policies and self.llm is None:
+            raise LLMRequiredError(
+                f"policy {policy!r} needs an LLM; build the memory with llm=... or use another policy "
+                f"({', '.join(p for p in self.policies if p not in self.llm_policies)})."
+            )
+        k = self.default_k if k is None else k
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
+            raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+        with self._lock:
+            if self._store.root is None:
+                return []
+            cands = self._retrieve(query, policy, int(k), **params)
+            return self._to_hits(cands, int(k), max_tokens)
+
+    async def aretrieve(
+        self, query: str, k: int | None = None, policy: str | None = None, **kw: Any
+    ) -> list[Hit]:
+        """Async :meth:`retrieve` (in a worker thread)."""
+        return await asyncio.to_thread(self.retrieve, query, k, policy, **kw)
+
+    default_k: ClassVar[int] = 10
+
+    def _to_hits(
+        self, cands: Sequence[tuple[int, float, dict[str, Any]]], k: int, max_tokens: int | None
+    ) -> list[Hit]:
+        hits: list[Hit] = []
+        seen: set[str] = set()
+        used = 0
+        for nid, score, meta in cands:
+            node = self._store.nodes.get(int(nid))
+            if node is None or not node.text or node.text in seen:
+                continue
+            if max_tokens is not None:
+                t = count_tokens(node.text)
+                if used + t > max_tokens:
+                    continue
+                used += t
+            seen.add(node.text)
+            hits.append(self.hit(int(nid), float(score), meta))
+            if len(hits) >= k:
+                break
+        return hits
+
+    def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit:
+        """Build the :class:`Hit` of node ``nid``."""
+        st = self._store
+        node = st.get(nid)
+        md: dict[str, Any] = {"level": node.level, "kind": self.kind}
+        if node.message is not None:
+            m = node.message
+            md.update({"role": m.role, "speaker": m.speaker, "timestamp": m.timestamp, **m.metadata})
+        if meta:
+            md.update(meta)
+        return Hit(
+            node_id=nid,
+            text=node.text,
+            score=score,
+            depth=st.depth(nid),
+            is_leaf=node.is_leaf,
+            span=node.span,
+            source_ids=st.source_ids_under(nid),
+            metadata=md,
+        )
+
+    def __len__(self) -> int:
+        """Number of stored messages (leaves)."""
+        return self._store.n_leaves
+
+    @property
+    def usage(self) -> Usage:
+        """Cumulative model usage of construction (adds and deletes)."""
+        return self._usage.copy()
+
+    def stats(self) -> dict[str, Any]:
+        """Shape and cost figures.
+
+        Returns:
+            dict with ``nodes``, ``leaves`` (ints), ``max_depth``, ``mean_depth`` (over leaves),
+            ``mean_branching`` (children per internal node), ``internal_nodes``, ``usage`` (cumulative
+            construction usage), ``query_usage``, plus algorithm-specific figures.
+        """
+        with self._lock:
+            st = self._store
+            depths = st.depths()
+            leaf_depths = [depths[i] for i in st.leaf_at.values() if i in depths]
+            internal = [n for n in st.nodes.values() if not n.is_leaf]
+            out: dict[str, Any] = {
+                "kind": self.kind,
+                "nodes": len(st.nodes),
+                "leaves": st.n_leaves,
+                "internal_nodes": len(internal),
+                "max_depth": max(depths.values(), default=0),
+                "mean_depth": float(np.mean(leaf_depths)) if leaf_depths else 0.0,
+                "mean_branching": float(np.mean([len(n.children) for n in internal])) if internal else 0.0,
+                "usage": self._usage.to_dict(),
+                "query_usage": self._query_usage.to_dict(),
+            }
+            out.update(self._extra_stats())
+            return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole memory as plain data (JSON-serialisable): format, kind, config, state, tree, usage."""
+        with self._lock:
+            return {
+                "format": self.FORMAT_VERSION,
+                "kind": self.kind,
+                "config": self._config(),
+                "state": copy.deepcopy(self._get_state()),
+                "tree": self._store.to_dict(),
+                "usage": self._usage.to_dict(),
+            }
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Save to a directory (plain JSON + the FAISS index file; never pickle).
+
+        The save is written beside the previous one and switched in by an atomic rename, so an
+        interrupted save leaves the previous save readable.
+
+        Returns:
+            The directory path.
+
+        Raises:
+            PersistenceError: the path is a file or a non-empty directory that is not a hiermem save.
+        """
+        from .persist import save_memory
+
+        with self._lock:
+            return save_memory(self, Path(path))
+
+    @classmethod
+    def load(cls: type[M], path: str | Path, embedder: Embedder | None = None, llm: LLM | None = None) -> M:
+        """Load a memory saved by :meth:`save`.
+
+        Args:
+            path: the save directory.
+            embedder: the embedder to use from now on (must have the saved dimension); default local.
+            llm: the LLM to use from now on, or ``None``.
+
+        Raises:
+            PersistenceError: not a saved memory, or corrupt.
+            VersionMismatchError: saved by an incompatible format version or as another memory kind.
+        """
+        from .persist import load_memory
+
+        return load_memory(cls, Path(path), embedder=embedder, llm=llm)
+
+    def _restore(self, data: dict[str, Any], index: NodeIndex | None) -> None:
+        self._store = NodeStore.from_dict(data["tree"])
+        self._set_state(data.get("state") or {})
+        self._usage = Usage(**data.get("usage", {}))
+        self._index = index
+        self._lexical = None
+        self._version += 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(leaves={len(self)}, nodes={len(self._store)})"
+
+
+def _require_llm(mem: HierarchicalMemory, what: str) -> LLM:
+    if mem.llm is None:
+        raise LLMRequiredError(f"{what} needs an LLM; build the memory with llm=... (e.g. OpenAIChat(...)).")
+    return mem.llm

@@ -1,0 +1,94 @@
+"""Model protocols: what an embedder and an LLM must provide, and checks of their outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..types import Completion, EmbeddingError, Usage
+
+__all__ = ["LLM", "Embedder", "Summarizer", "validate_embeddings"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into vectors.
+
+    ``embed(texts)`` returns a ``float32`` array of shape ``(len(texts), dim)``; one call per batch.
+    ``aembed`` is the async form. Vectors need not be normalised: the node index normalises them.
+    """
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """Completes a prompt.
+
+    ``complete(prompt, *, system=None, max_tokens=None, logprobs=False) -> Completion``;
+    ``acomplete`` is the async form. ``logprobs=True`` asks for per-token log-probabilities.
+    """
+
+    def complete(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        logprobs: bool = False,
+    ) -> Completion: ...
+
+    async def acomplete(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        logprobs: bool = False,
+    ) -> Completion: ...
+
+
+def validate_embeddings(vecs: object, n: int, dim: int | None) -> np.ndarray:
+    """Check an embedder's output and return it as a C-contiguous float32 array ``(n, dim)``.
+
+    Raises:
+        EmbeddingError: wrong type, wrong shape (rows must equal the number of texts, columns the
+            embedder's ``dim``), or NaN / infinite values.
+    """
+    try:
+        arr = np.asarray(vecs, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise EmbeddingError(f"Embedder returned something that is not a numeric array: {e}") from None
+    if arr.ndim != 2 or arr.shape[0] != n:
+        raise EmbeddingError(
+            f"Embedder returned shape {arr.shape} for {n} texts; expected ({n}, dim). "
+            "Check that embed() returns one row per input text."
+        )
+    if dim is not None and arr.shape[1] != dim:
+        raise EmbeddingError(
+            f"Embedder returned vectors of dimension {arr.shape[1]}, but this memory uses {dim}; "
+            "use the same embedder the memory was built with."
+        )
+    if not np.isfinite(arr).all():
+        raise EmbeddingError("Embedder returned NaN or infinite values; check the embedding model.")
+    return np.ascontiguousarray(arr)
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Aggregates ordered child texts into one annotation.
+
+    ``summarize(texts, **fields) -> (text, usage)``; ``fields`` are prompt placeholders an LLM summariser
+    may use (e.g. MemTree's ``n``); extractive summarisers ignore them.
+    """
+
+    def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]: ...
+
+    async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]: ...

@@ -1,0 +1,131 @@
+"""ExtractiveSummarizer: the LLM-free aggregate function used when a memory is built with ``llm=None``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..types import InvalidInputError, Usage
+from .base import Embedder, validate_embeddings
+
+__all__ = ["ExtractiveSummarizer", "split_sentences"]
+
+_SENT_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split text into sentences at ``.``/``!``/``?`` followed by a capital or digit, and at newlines."""
+    return [s.strip() for s in _SENT_RE.split(text) if s and s.strip()]
+
+
+class ExtractiveSummarizer:
+    """Picks the children's most central sentences, in their original order, within a length budget.
+
+    Every child text is split into sentences; each sentence is embedded (cached by text, so a sentence
+    is embedded once in the memory's life); the centroid is the mean of the children's mean sentence
+    vectors (each child weighs the same); sentences are taken greedily by cosine to the centroid,
+    skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
+    returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
+
+    Args:
+        embedder: the memory's embedder (usually shared with it).
+        max_chars: length budget of a summary in characters, default 600. A first sentence longer than
+            the budget is cut at a word boundary and ends with ``"…"``.
+        cache_size: sentences whose vectors are kept, default 100,000 (about 150 MB at 384-d).
+
+    References:
+        Centroid-based extractive summarisation (Radev et al., 2004, "Centroid-based summarization of
+        multiple documents"); used as the aggregate function S of SegTreeMem (Algorithm 1, line 21),
+        MemTree's aggregation (Sec. 3.2) and HAT's (Sec. 3.1) when no LLM is configured.
+    """
+
+    def __init__(self, embedder: Embedder, max_chars: int = 600, cache_size: int = 100_000) -> None:
+        if max_chars < 20:
+            raise InvalidInputError("max_chars must be at least 20 characters.")
+        self.embedder = embedder
+        self.max_chars = int(max_chars)
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _vectors(self, sentences: list[str]) -> tuple[dict[str, np.ndarray], Usage]:
+        usage = Usage()
+        with self._lock:
+            missing = list(dict.fromkeys(s for s in sentences if s not in self._cache))
+        got: dict[str, np.ndarray] = {}
+        if missing:
+            t0 = time.perf_counter()
+            vecs = validate_embeddings(self.embedder.embed(missing), len(missing), None)
+            usage = Usage(embed_calls=1, embedded_texts=len(missing), seconds=time.perf_counter() - t0)
+            norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+            norms[norms == 0] = 1.0
+            vecs = vecs / norms
+            got = dict(zip(missing, vecs))
+        with self._lock:
+            for s, v in got.items():
+                self._cache[s] = v
+            out = {}
+            for s in sentences:
+                v = got.get(s)
+                if v is None:
+                    v = self._cache[s]
+                    self._cache.move_to_end(s)
+                out[s] = v
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return out, usage
+
+    def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
+        """Summarise ordered child texts.
+
+        Args:
+            texts: the children's texts in order (at least one non-empty).
+            **fields: ignored (accepted for interface compatibility with LLM summarisers).
+
+        Returns:
+            ``(summary, usage)``; the summary has at most ``max_chars`` characters.
+
+        Raises:
+            InvalidInputError: no non-empty text.
+        """
+        children = [split_sentences(t) for t in texts if t and t.strip()]
+        children = [c for c in children if c]
+        if not children:
+            raise InvalidInputError("Nothing to summarise: all child texts are empty.")
+        flat = [s for c in children for s in c]
+        if len(flat) == 1 or sum(len(s) + 1 for s in dict.fromkeys(flat)) - 1 <= self.max_chars:
+            return self._fit(list(dict.fromkeys(flat))), Usage()
+        vec, usage = self._vectors(flat)
+        centroid = np.mean([np.mean([vec[s] for s in c], axis=0) for c in children], axis=0)
+        order = {s: i for i, s in reversed(list(enumerate(flat)))}  # first position of each sentence
+        ranked = sorted(order, key=lambda s: (-float(vec[s] @ centroid), order[s]))
+        chosen: list[str] = []
+        used = 0
+        for s in ranked:
+            cost = len(s) + (1 if chosen else 0)
+            if used + cost <= self.max_chars:
+                chosen.append(s)
+                used += cost
+        if not chosen:
+            return self._fit([ranked[0]]), usage
+        chosen.sort(key=lambda s: order[s])
+        return " ".join(chosen), usage
+
+    def _fit(self, sentences: list[str]) -> str:
+        text = " ".join(sentences)
+        if len(text) <= self.max_chars:
+            return text
+        cut = text[: self.max_chars - 1]
+        if " " in cut[self.max_chars // 2 :]:
+            cut = cut[: cut.rfind(" ")]
+        return cut.rstrip() + "…"
+
+    async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
+        """Async :meth:`summarize` (in a worker thread)."""
+        return await asyncio.to_thread(self.summarize, texts, **fields)

@@ -1,0 +1,378 @@
+"""SegTreeMem: a temporally ordered segment tree over a conversation.
+
+Online insertion through the rightmost frontier (paper Sec. 4.2, Appendix A Algorithm 1) and
+structure-aware retrieval by relevance propagation (Sec. 4.3, Algorithm 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import RELEVANCE_KINDS, HierarchicalMemory
+from .models.base import LLM, Embedder, Summarizer
+from .models.parsing import complete_parsed, parse_label
+from .prompts import segtree as P
+from .propagation import propagate, propagation_matrix
+from .types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError, Usage, check_finite
+
+__all__ = ["SegTreeMem"]
+
+COMPAT_MODELS = ("cosine", "pointwise_llm", "batch_llm")
+ADMISSIBLE = ("all", "leaves")
+
+
+class SegTreeMem(HierarchicalMemory):
+    """Segment-tree memory (SegTreeMem).
+
+    Every node covers a contiguous interval of the conversation; leaves are utterances in arrival
+    order, all at one depth; internal nodes carry an annotation of their span. A new utterance becomes
+    the rightmost leaf and is attached, through a chain of single-child nodes, to the frontier node the
+    compatibility model picks, or under a new root when none is compatible.
+
+    Args:
+        embedder: the embedder (default: the embedded all-MiniLM-L6-v2).
+        llm: an LLM for annotations and LLM compatibility models, or ``None`` (extractive annotations).
+        compat: compatibility model: ``"cosine"`` (default; the annotation of a frontier node whose
+            cosine with the utterance is highest and at least ``threshold``), ``"pointwise_llm"`` or
+            ``"batch_llm"`` (need ``llm``).
+        threshold: cosine threshold of the ``cosine`` model, default 0.3 (the paper gives no value; chosen
+            on the LoCoMo dev conversations, see the README).
+        alpha: propagation decay ``α`` in ``[0, 1)``, default 0.1.
+        horizon: propagation horizon ``H``, default 2.
+        k: default evidence budget ``K`` (top-k), default 10.
+        relevance: local relevance ``R(q, A(v))``: ``"dense"`` (the paper), ``"bm25"`` or ``"hybrid"``.
+        hybrid_weight: weight of the dense part of ``"hybrid"``, default 0.5.
+        admissible: the admissible set ``𝒢`` of retrieval, ``"all"`` nodes or ``"leaves"`` only.
+        summarizer: the annotation model S (default: LLM with the App. G prompt, or extractive).
+        summary_chars: extractive annotation budget in characters, default 600.
+        annotation_words: word budget given to an LLM annotator, default 120.
+
+    Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
+
+    Raises:
+        InvalidInputError: a parameter out of range.
+        UnknownPolicyError: an unknown ``compat``, ``relevance`` or ``admissible``.
+        LLMRequiredError: an LLM compatibility model without ``llm``.
+
+    References:
+        "SegTreeMem" paper (shared/seeds/segtreemem-paper.txt): Sec. 4.1-4.3; Appendix A, Algorithms 1-2;
+        Appendix G.1 prompts; Appendix C.3 worst case.
+    """
+
+    kind = "segtree"
+    policies = ("collapsed", "top_down", "bottom_up")
+    default_policy = "top_down"
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        *,
+        compat: str = "cosine",
+        threshold: float = 0.3,
+        alpha: float = 0.1,
+        horizon: int = 2,
+        k: int = 10,
+        relevance: str = "hybrid",
+        hybrid_weight: float = 0.5,
+        admissible: str = "leaves",
+        summarizer: Summarizer | None = None,
+        summary_chars: int = 600,
+        annotation_words: int = 120,
+    ) -> None:
+        if compat not in COMPAT_MODELS:
+            raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
+        if compat != "cosine" and llm is None:
+            raise LLMRequiredError(f"compat={compat!r} needs an LLM; pass llm=... or use compat='cosine'.")
+        if relevance not in RELEVANCE_KINDS:
+            raise UnknownPolicyError(f"relevance must be one of {RELEVANCE_KINDS}, got {relevance!r}.")
+        if admissible not in ADMISSIBLE:
+            raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
+        self.compat = compat
+        self.threshold = check_finite(threshold, "threshold")
+        self.alpha = self._check_alpha(alpha)
+        self.horizon = self._check_horizon(horizon)
+        if isinstance(k, bool) or int(k) < 1:
+            raise InvalidInputError("k must be a positive integer.")
+        self.k = int(k)
+        self.relevance_kind = relevance
+        self.hybrid_weight = float(hybrid_weight)
+        self.admissible = admissible
+        self.annotation_words = int(annotation_words)
+        self._decisions: dict[str, int] = {}
+        self._W_cache: dict[str, Any] = {}
+        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars)
+        self.default_k = self.k  # type: ignore[misc]
+
+    @staticmethod
+    def _check_alpha(alpha: float) -> float:
+        alpha = check_finite(alpha, "alpha")
+        if not 0.0 <= alpha < 1.0:
+            raise InvalidInputError(f"alpha must be in [0, 1), got {alpha}.")
+        return alpha
+
+    @staticmethod
+    def _check_horizon(horizon: int) -> int:
+        if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 0:
+            raise InvalidInputError(f"horizon must be a non-negative integer, got {horizon!r}.")
+        return int(horizon)
+
+    def _default_summarizer(self) -> Summarizer:
+        if self.llm is not None:
+            from .models.llm_summarizer import LLMSummarizer
+
+            return LLMSummarizer(self.llm, template=P.ANNOTATION_USER, system=P.ANNOTATION_SYSTEM)
+        return super()._default_summarizer()
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "compat": self.compat,
+            "threshold": self.threshold,
+            "alpha": self.alpha,
+            "horizon": self.horizon,
+            "k": self.k,
+            "relevance": self.relevance_kind,
+            "hybrid_weight": self.hybrid_weight,
+            "admissible": self.admissible,
+            "summary_chars": self.summary_chars,
+            "annotation_words": self.annotation_words,
+        }
+
+    def _get_state(self) -> dict[str, Any]:
+        return {"decisions": dict(self._decisions)}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self._decisions = dict(state.get("decisions", {}))
+
+    # ------------------------------------------------------------------ construction (Algorithm 1)
+    def frontier(self) -> list[int]:
+        """The rightmost frontier ``F_t = (f_1, ..., f_m)``: node ids from the rightmost leaf up to the root.
+
+        References:
+            Sec. 4.2, Eq. (2).
+        """
+        st = self._store
+        if st.root is None:
+            return []
+        path = [st.root]
+        while st.nodes[path[-1]].children:
+            path.append(st.nodes[path[-1]].children[-1])
+        return path[::-1]
+
+    def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
+        st = self._store
+        leaf = st.new_node(text=message.text, is_leaf=True, message=message, level=1)  # line 3
+        self._set_vector(leaf.id, self._embed([message.text], usage)[0])
+        if st.root is None:  # lines 4-6
+            st.set_root(leaf.id)
+            return {"attach_level": None, "decision": "first"}
+        F = self.frontier()  # line 7
+        m = len(F)
+        ell = self._compatibility(message.text, leaf.id, F[1:], usage)  # line 8: None or 2..m
+        if ell is not None:  # lines 9-12
+            top = self._chain(leaf.id, ell - 2)
+            target = F[ell - 1]
+            st.add_child(target, top)
+            update = [target, *F[ell:]]
+            decision = f"merge_{ell}"
+        else:  # lines 13-17
+            old_root = st.root
+            assert old_root is not None
+            root = st.new_node(level=m + 1)
+            st.add_child(root.id, old_root)
+            st.set_root(root.id)
+            top = self._chain(leaf.id, m - 1)
+            st.add_child(root.id, top)
+            update = [root.id]
+            decision = "none"
+        for u in update:  # lines 19-22, bottom-up
+            st.refresh_span(u)
+            self._annotate(u, usage)
+        self._decisions[decision] = self._decisions.get(decision, 0) + 1
+        return {"attach_level": ell, "decision": decision, "frontier_size": m}
+
+    def _chain(self, leaf_id: int, length: int) -> int:
+        """Build ``length`` single-child nodes above the leaf (levels 2, 3, ...); return the chain top.
+
+        A single-child node's annotation equals its child's (no summariser call, same vector).
+        """
+        st = self._store
+        top = leaf_id
+        leaf = st.nodes[leaf_id]
+        vec = self._vector(leaf_id)
+        for j in range(length):
+            node = st.new_node(text=leaf.text, level=2 + j, span=leaf.span)
+            st.add_child(node.id, top)
+            self._set_vector(node.id, vec)
+            top = node.id
+        return top
+
+    def _annotate(self, nid: int, usage: Usage) -> None:
+        st = self._store
+        children = st.nodes[nid].children
+        if len(children) == 1:
+            st.set_text(nid, st.nodes[children[0]].text)
+            return
+        texts = [st.nodes[c].text for c in children]
+        text, u = self.summarizer.summarize(texts, max_words=self.annotation_words)
+        usage += u
+        st.set_text(nid, text)
+
+    def _reannotate(self, nid: int, usage: Usage) -> None:
+        self._annotate(nid, usage)
+
+    def _compatibility(self, text: str, leaf_id: int, cands: list[int], usage: Usage) -> int | None:
+        """The compatibility model C: ``ℓ*`` in ``2..m`` (``cands[i]`` is level ``i + 2``) or ``None``."""
+        if not cands:
+            return None
+        if self.compat == "cosine":
+            return self._cosine_compat(leaf_id, cands)
+        assert self.llm is not None
+        if self.compat == "pointwise_llm":
+            for i, c in enumerate(cands):
+                prompt = P.POINTWISE_USER.format(candidate=self._store.nodes[c].text, utterance=text)
+                res = complete_parsed(
+                    self.llm,
+                    prompt,
+                    lambda s: parse_label(s, ("MERGE", "CONTINUE")),
+                    system=P.POINTWISE_SYSTEM,
+                    max_tokens=5,
+                    fallback="CONTINUE",
+                )
+                usage += res.usage
+                if not res.ok:
+                    self._decisions["parse_fallbacks"] = self._decisions.get("parse_fallbacks", 0) + 1
+                if res.value == "MERGE":
+                    return i + 2
+            return None
+        labels = [f"MERGE_{i + 1}" for i in range(len(cands))]
+        block = "\n\n".join(
+            P.BATCH_CANDIDATE.format(i=i + 1, text=self._store.nodes[c].text) for i, c in enumerate(cands)
+        )
+        prompt = P.BATCH_USER.format(candidates=block, utterance=text, labels=", ".join(labels))
+        res = complete_parsed(
+            self.llm,
+            prompt,
+            lambda s: parse_label(s, (*labels, "SPLIT")),
+            system=P.BATCH_SYSTEM,
+            max_tokens=8,
+            fallback=None,
+        )
+        usage += res.usage
+        if not res.ok or res.value is None:
+            self._decisions["parse_fallbacks"] = self._decisions.get("parse_fallbacks", 0) + 1
+            return self._cosine_compat(leaf_id, cands)
+        if res.value == "SPLIT":
+            return None
+        return int(res.value.split("_")[1]) + 1
+
+    def _cosine_compat(self, leaf_id: int, cands: list[int]) -> int | None:
+        sims = self._vectors(cands) @ self._vector(leaf_id)
+        best = int(np.argmax(sims))
+        return best + 2 if float(sims[best]) >= self.threshold else None
+
+    # ------------------------------------------------------------------ retrieval (Algorithm 2)
+    def _parents(self, ids: np.ndarray) -> np.ndarray:
+        """Parent positions (``-1`` for the root) of ``ids``, cached per tree version."""
+        key = ("parents", self._version, len(ids))
+        cached = self._W_cache.get("parents")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        st = self._store
+        pos = {int(i): j for j, i in enumerate(ids.tolist())}
+        parent = np.fromiter(
+            (pos.get(p, -1) if (p := st.nodes[int(i)].parent) is not None else -1 for i in ids.tolist()),
+            dtype=np.int64,
+            count=len(ids),
+        )
+        self._W_cache = {"parents": (key, parent)}
+        return parent
+
+    def _W(self, ids: np.ndarray, direction: str) -> Any:
+        key = (direction, self._version, len(ids))
+        hit = self._W_cache.get(direction)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        W = propagation_matrix(self._parents(ids), direction)
+        self._W_cache[direction] = (key, W)
+        return W
+
+    def scores(
+        self,
+        query: str,
+        policy: str | None = None,
+        *,
+        alpha: float | None = None,
+        horizon: int | None = None,
+        relevance: str | None = None,
+        hybrid_weight: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Final structure-aware scores ``s~_q`` of every node (Algorithm 2, lines 3-13).
+
+        Returns:
+            ``(ids int64 (|V|,), scores float64 (|V|,))``.
+        """
+        policy = policy or self.default_policy
+        if policy not in self.policies:
+            raise UnknownPolicyError(f"SegTreeMem has no policy {policy!r}; choose one of {self.policies}.")
+        alpha = self.alpha if alpha is None else self._check_alpha(alpha)
+        horizon = (
+            0
+            if policy == "collapsed"
+            else (self.horizon if horizon is None else self._check_horizon(horizon))
+        )
+        w = self.hybrid_weight if hybrid_weight is None else float(hybrid_weight)
+        with self._lock:
+            ids, r = self.relevance(query, relevance or self.relevance_kind, hybrid_weight=w)
+            if len(ids) == 0:
+                return ids, np.zeros(0)
+            total = float(r.sum())
+            s0 = r / total if total > 0 else np.full(len(r), 1.0 / len(r))  # line 6
+            W = self._W(ids, policy) if horizon > 0 else None
+            return ids, propagate(W, s0, alpha, horizon)
+
+    def _retrieve(
+        self,
+        query: str,
+        policy: str,
+        k: int,
+        alpha: float | None = None,
+        horizon: int | None = None,
+        relevance: str | None = None,
+        hybrid_weight: float | None = None,
+        admissible: str | None = None,
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        admissible = admissible or self.admissible
+        if admissible not in ADMISSIBLE:
+            raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
+        ids, s = self.scores(
+            query, policy, alpha=alpha, horizon=horizon, relevance=relevance, hybrid_weight=hybrid_weight
+        )
+        if len(ids) == 0:
+            return []
+        st = self._store
+        if admissible == "leaves":  # line 14: TopK over 𝒢
+            mask = np.fromiter((st.nodes[int(i)].is_leaf for i in ids.tolist()), dtype=bool, count=len(ids))
+            pos = np.nonzero(mask)[0]
+        else:
+            pos = np.arange(len(ids))
+        want = min(len(pos), 3 * k + 8)  # extra room: hits with repeated texts are dropped later
+        top = pos[np.argpartition(-s[pos], want - 1)[:want]] if want < len(pos) else pos
+        top = top[np.lexsort((ids[top], -s[top]))]
+        return [(int(ids[j]), float(s[j]), {"policy": policy}) for j in top]
+
+    # ------------------------------------------------------------------ statistics
+    def _extra_stats(self) -> dict[str, Any]:
+        st = self._store
+        T = st.n_leaves
+        root = st.nodes.get(st.root) if st.root is not None else None
+        return {
+            "height": root.level if root is not None else 0,
+            "frontier_size": len(self.frontier()),
+            "decisions": dict(self._decisions),
+            "chain_nodes": sum(1 for n in st.nodes.values() if not n.is_leaf and len(n.children) == 1),
+            "nodes_per_leaf": (len(st.nodes) / T) if T else 0.0,
+            "worst_case_nodes": T * (T + 1) // 2,
+        }

@@ -1,0 +1,243 @@
+"""Plain data types shared by every memory: messages, hits, usage reports and typed errors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any, Union
+
+__all__ = [
+    "AddReport",
+    "Completion",
+    "EmbeddingError",
+    "HierMemError",
+    "Hit",
+    "InvalidInputError",
+    "LLMRequiredError",
+    "Message",
+    "MessageLike",
+    "ModelError",
+    "NodeNotFoundError",
+    "PersistenceError",
+    "UnknownPolicyError",
+    "Usage",
+    "VersionMismatchError",
+]
+
+
+# --------------------------------------------------------------------------- errors
+class HierMemError(Exception):
+    """Base class of every error raised by hiermem."""
+
+
+class InvalidInputError(HierMemError, ValueError):
+    """Input that cannot be stored or used: empty text, ``None``, a non-string, a bad parameter."""
+
+
+class EmbeddingError(HierMemError, ValueError):
+    """An embedder returned vectors of the wrong shape, dtype or with NaN/inf values."""
+
+
+class ModelError(HierMemError, RuntimeError):
+    """A model provider (embedder or LLM) failed after the configured retries."""
+
+
+class LLMRequiredError(HierMemError, ValueError):
+    """An option that needs an LLM was used on a memory built with ``llm=None``."""
+
+
+class UnknownPolicyError(HierMemError, ValueError):
+    """A retrieval ``policy`` (or another named option) that this memory does not have."""
+
+
+class NodeNotFoundError(HierMemError, KeyError):
+    """No node or source id of that name exists in the memory."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class PersistenceError(HierMemError, OSError):
+    """A save could not be written, or a directory is not a saved hiermem memory."""
+
+
+class VersionMismatchError(PersistenceError):
+    """A saved memory was written by an incompatible format version."""
+
+
+# --------------------------------------------------------------------------- messages
+@dataclass(frozen=True)
+class Message:
+    """One unit of conversation to remember.
+
+    Args:
+        text: the content (a non-empty, non-whitespace string).
+        role: e.g. ``"user"`` / ``"assistant"``; free-form, default ``None``.
+        speaker: the speaker's name, default ``None``.
+        timestamp: when it was said (ISO string or any string the caller uses), default ``None``.
+        id: the caller's source id (e.g. a LoCoMo ``dia_id``), kept on the leaf and reported in hits.
+        metadata: any JSON-serialisable extra data, kept on the leaf.
+
+    Raises:
+        InvalidInputError: ``text`` is not a string, is empty or whitespace-only.
+    """
+
+    text: str
+    role: str | None = None
+    speaker: str | None = None
+    timestamp: str | None = None
+    id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise InvalidInputError(
+                f"Message text must be a str, got {type(self.text).__name__}; convert it with str() first."
+            )
+        if not self.text.strip():
+            raise InvalidInputError("Message text is empty or whitespace-only; pass a non-empty string.")
+        if self.id is not None and not isinstance(self.id, str):
+            object.__setattr__(self, "id", str(self.id))
+        if self.timestamp is not None and not isinstance(self.timestamp, str):
+            object.__setattr__(self, "timestamp", str(self.timestamp))
+        if not isinstance(self.metadata, dict):
+            raise InvalidInputError("Message metadata must be a dict.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (JSON-serialisable when ``metadata`` is)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+MessageLike = Union[str, Message]
+
+
+def as_messages(items: MessageLike | Iterable[MessageLike] | None) -> list[Message]:
+    """Normalise ``str | Message | iterable of them`` into a list of messages, validating all first.
+
+    Raises:
+        InvalidInputError: ``None``, an empty iterable, or any element that is not a valid message.
+    """
+    if items is None:
+        raise InvalidInputError("Nothing to add: got None; pass a string, a Message or a list of them.")
+    if isinstance(items, (str, Message)):
+        items = [items]
+    elif isinstance(items, dict):
+        raise InvalidInputError("Got a dict; wrap it as Message(**d) or pass its text.")
+    try:
+        seq = list(items)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidInputError(
+            f"Cannot add {type(items).__name__}; pass a string, a Message or a list of them."
+        ) from None
+    if not seq:
+        raise InvalidInputError("Nothing to add: the list is empty.")
+    out: list[Message] = []
+    for i, it in enumerate(seq):
+        if isinstance(it, Message):
+            out.append(it)
+        elif isinstance(it, str):
+            try:
+                out.append(Message(it))
+            except InvalidInputError as e:
+                raise InvalidInputError(f"Item {i}: {e}") from None
+        else:
+            raise InvalidInputError(
+                f"Item {i} is a {type(it).__name__}; every item must be a str or a Message."
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved node.
+
+    Attributes:
+        node_id: the node's id in the memory (int, stable for the node's life).
+        text: the node's text (a leaf's message or an internal node's annotation/summary).
+        score: the retrieval score (policy-specific; higher is better).
+        depth: distance from the root (root = 0).
+        is_leaf: whether the node is a leaf (a stored message).
+        span: ``(first, last)`` insertion index (0-based) of the leaves under the node.
+        source_ids: caller ids (``Message.id``) of the leaves under the node, in insertion order;
+            leaves without an id are left out.
+        metadata: policy- and algorithm-specific extras (e.g. ``level``, ``speaker``, ``timestamp``).
+    """
+
+    node_id: int
+    text: str
+    score: float
+    depth: int
+    is_leaf: bool
+    span: tuple[int, int]
+    source_ids: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Usage:
+    """Model usage counters. Seconds are wall-clock seconds."""
+
+    embed_calls: int = 0
+    embedded_texts: int = 0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def __iadd__(self, other: Usage) -> Usage:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def copy(self) -> Usage:
+        return Usage(**self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class AddReport:
+    """What one ``add`` did.
+
+    Attributes:
+        leaf_ids: node ids of the new leaves, in order.
+        usage: model usage of this call (embedding calls, LLM calls, tokens, seconds).
+        details: algorithm-specific facts per message (e.g. SegTreeMem's attachment level).
+    """
+
+    leaf_ids: list[int] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """An LLM answer.
+
+    Attributes:
+        text: the completion text.
+        usage: its usage (``llm_calls`` = 1, tokens as the provider reported them).
+        logprobs: per-token log-probabilities of the completion (natural log), when asked for and given.
+    """
+
+    text: str
+    usage: Usage = field(default_factory=Usage)
+    logprobs: list[float] | None = None
+
+
+def check_finite(x: float, name: str) -> float:
+    """Return ``x`` as float, or raise InvalidInputError when it is NaN or infinite."""
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        raise InvalidInputError(f"{name} must be a finite number, got {x}.")
+    return x
