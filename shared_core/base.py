@@ -43,7 +43,7 @@ M = TypeVar("M", bound="HierarchicalMemory")
 
 
 def count_tokens(text: str) -> int:
-    """Tokens of ``text`` as every hiermem budget counts them (:func:`shared_core.eval.metrics.count_tokens`)."""
+    """Tokens of ``text`` as every hiermem budget counts them (``shared_core.eval.metrics.count_tokens``)."""
     from .eval.metrics import count_tokens as _count
 
     return _count(text)
@@ -68,6 +68,8 @@ class HierarchicalMemory(abc.ABC):
     default_policy: ClassVar[str] = "collapsed"
     llm_policies: ClassVar[frozenset[str]] = frozenset()
     FORMAT_VERSION: ClassVar[int] = 1
+    #: the leaves under any node are exactly those whose insertion index lies in its span
+    contiguous_spans: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -91,7 +93,7 @@ class HierarchicalMemory(abc.ABC):
         self.llm = llm
         self.summary_chars = int(summary_chars)
         self.summarizer: Summarizer = summarizer or self._default_summarizer()
-        self._store = NodeStore()
+        self._store = NodeStore(self.contiguous_spans)
         self._index: NodeIndex | None = None
         self._lexical: Any = None
         self._lex_dirty: set[int] = set()
@@ -264,7 +266,7 @@ class HierarchicalMemory(abc.ABC):
     def clear(self) -> None:
         """Forget everything (configuration and models are kept)."""
         with self._lock:
-            self._store = NodeStore()
+            self._store = NodeStore(self.contiguous_spans)
             self._index = None
             self._lexical = None
             self._set_state(self._initial_state())
@@ -638,7 +640,7 @@ class HierarchicalMemory(abc.ABC):
         return load_memory(cls, Path(path), embedder=embedder, llm=llm)
 
     def _restore(self, data: dict[str, Any], index: NodeIndex | None) -> None:
-        self._store = NodeStore.from_dict(data["tree"])
+        self._store = NodeStore.from_dict(data["tree"], self.contiguous_spans)
         self._set_state(data.get("state") or {})
         self._usage = Usage(**data.get("usage", {}))
         self._index = index

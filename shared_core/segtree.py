@@ -64,6 +64,7 @@ class SegTreeMem(HierarchicalMemory):
     kind = "segtree"
     policies = ("collapsed", "top_down", "bottom_up")
     default_policy = "top_down"
+    contiguous_spans = True
 
     def __init__(
         self,
@@ -188,7 +189,7 @@ class SegTreeMem(HierarchicalMemory):
             update = [root.id]
             decision = "none"
         for u in update:  # lines 19-22, bottom-up
-            st.refresh_span(u)
+            st.refresh_span(u, ordered=True)
             self._annotate(u, usage)
         self._decisions[decision] = self._decisions.get(decision, 0) + 1
         return {"attach_level": ell, "decision": decision, "frontier_size": m}
@@ -274,28 +275,30 @@ class SegTreeMem(HierarchicalMemory):
         return best + 2 if float(sims[best]) >= self.threshold else None
 
     # ------------------------------------------------------------------ retrieval (Algorithm 2)
-    def _parents(self, ids: np.ndarray) -> np.ndarray:
-        """Parent positions (``-1`` for the root) of ``ids``, cached per tree version."""
-        key = ("parents", self._version, len(ids))
-        cached = self._W_cache.get("parents")
+    def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Parent positions (``-1`` for the root) and the leaf mask of ``ids``, cached per tree version."""
+        key = (self._version, len(ids))
+        cached = self._W_cache.get("structure")
         if cached is not None and cached[0] == key:
             return cached[1]
-        st = self._store
-        pos = {int(i): j for j, i in enumerate(ids.tolist())}
-        parent = np.fromiter(
-            (pos.get(p, -1) if (p := st.nodes[int(i)].parent) is not None else -1 for i in ids.tolist()),
-            dtype=np.int64,
-            count=len(ids),
-        )
-        self._W_cache = {"parents": (key, parent)}
-        return parent
+        nodes = self._store.nodes
+        pos = {i: j for j, i in enumerate(ids.tolist())}
+        parent = np.full(len(ids), -1, dtype=np.int64)
+        leaf = np.zeros(len(ids), dtype=bool)
+        for j, i in enumerate(ids.tolist()):
+            n = nodes[i]
+            leaf[j] = n.is_leaf
+            if n.parent is not None:
+                parent[j] = pos.get(n.parent, -1)
+        self._W_cache = {"structure": (key, (parent, leaf))}
+        return parent, leaf
 
     def _W(self, ids: np.ndarray, direction: str) -> Any:
-        key = (direction, self._version, len(ids))
+        key = (self._version, len(ids))
         hit = self._W_cache.get(direction)
         if hit is not None and hit[0] == key:
             return hit[1]
-        W = propagation_matrix(self._parents(ids), direction)
+        W = propagation_matrix(self._structure(ids)[0], direction)
         self._W_cache[direction] = (key, W)
         return W
 
@@ -352,10 +355,8 @@ class SegTreeMem(HierarchicalMemory):
         )
         if len(ids) == 0:
             return []
-        st = self._store
         if admissible == "leaves":  # line 14: TopK over 𝒢
-            mask = np.fromiter((st.nodes[int(i)].is_leaf for i in ids.tolist()), dtype=bool, count=len(ids))
-            pos = np.nonzero(mask)[0]
+            pos = np.nonzero(self._structure(ids)[1])[0]
         else:
             pos = np.arange(len(ids))
         want = min(len(pos), 3 * k + 8)  # extra room: hits with repeated texts are dropped later

@@ -90,13 +90,17 @@ class NodeStore:
     previous state is saved once, so :meth:`rollback` restores the store exactly.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, contiguous: bool = False) -> None:
+        #: every node's leaves are exactly the live leaves with insertion index in its span
+        #: (segment trees, HAT); lets leaves_under read a range instead of walking the subtree
+        self.contiguous = contiguous
         self.nodes: dict[int, Node] = {}
         self.root: int | None = None
         self.next_id = 0
         self.n_inserted = 0  # leaves ever inserted (insertion index of the next leaf)
         self.leaf_at: dict[int, int] = {}  # insertion index -> leaf id (live leaves only)
         self.by_source: dict[str, list[int]] = {}
+        self.source_at: list[str | None] = []  # insertion index -> source id of a live leaf (or None)
         # journal
         self._tx = False
         self._saved: dict[int, Any] = {}
@@ -147,6 +151,10 @@ class NodeStore:
                     self.by_source.pop(key, None)
             elif op == "src-":
                 self.by_source.setdefault(key, []).append(val)
+            elif op == "srcat+":
+                del self.source_at[key:]
+            elif op == "srcat-":
+                self.source_at[key] = val
         assert self._saved_scalars is not None
         self.root, self.next_id, self.n_inserted = self._saved_scalars
         self._tx = False
@@ -212,12 +220,19 @@ class NodeStore:
         node = self.get(nid)
         if node.is_leaf:
             return [nid]
+        if self.contiguous:
+            at = self.leaf_at
+            return [at[i] for i in range(node.span[0], node.span[1] + 1) if i in at]
         ids = [n.id for n in self.iter_subtree(nid) if n.is_leaf]
         ids.sort(key=lambda i: self.nodes[i].span[0])
         return ids
 
     def source_ids_under(self, nid: int, limit: int | None = None) -> list[str]:
         """Distinct caller ids of the leaves under ``nid`` in insertion order (at most ``limit``)."""
+        node = self.get(nid)
+        if self.contiguous or node.is_leaf:
+            ids = dict.fromkeys(s for s in self.source_at[node.span[0] : node.span[1] + 1] if s is not None)
+            return list(ids)[:limit] if limit is not None else list(ids)
         seen: dict[str, None] = {}
         for lid in self.leaves_under(nid):
             msg = self.nodes[lid].message
@@ -259,6 +274,8 @@ class NodeStore:
             span = (idx, idx)
             self.leaf_at[idx] = nid
             self._journal.append(("leaf_at+", idx, nid))
+            self.source_at.append(message.id if message is not None else None)
+            self._journal.append(("srcat+", idx, None))
             if message is not None and message.id is not None:
                 self.by_source.setdefault(message.id, []).append(nid)
                 self._journal.append(("src+", message.id, nid))
@@ -327,6 +344,8 @@ class NodeStore:
             if self.leaf_at.get(idx) == nid:
                 del self.leaf_at[idx]
                 self._journal.append(("leaf_at-", idx, nid))
+                self._journal.append(("srcat-", idx, self.source_at[idx]))
+                self.source_at[idx] = None
             if node.message is not None and node.message.id is not None:
                 lst = self.by_source.get(node.message.id, [])
                 if nid in lst:
@@ -340,12 +359,19 @@ class NodeStore:
         self.removed.add(nid)
         self.changed.discard(nid)
 
-    def refresh_span(self, nid: int) -> tuple[int, int]:
-        """Set an internal node's span to (min first, max last) over its children; returns it."""
+    def refresh_span(self, nid: int, ordered: bool = False) -> tuple[int, int]:
+        """Set an internal node's span to (min first, max last) over its children; returns it.
+
+        With ``ordered=True`` the children are known to be in insertion order (segment trees), so only
+        the first and the last child are read: O(1) instead of O(children).
+        """
         node = self._touch(nid)
         if node.children:
-            spans = [self.nodes[c].span for c in node.children]
-            node.span = (min(s[0] for s in spans), max(s[1] for s in spans))
+            if ordered:
+                node.span = (self.nodes[node.children[0]].span[0], self.nodes[node.children[-1]].span[1])
+            else:
+                spans = [self.nodes[c].span for c in node.children]
+                node.span = (min(s[0] for s in spans), max(s[1] for s in spans))
         return node.span
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -358,16 +384,20 @@ class NodeStore:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NodeStore:
-        s = cls()
+    def from_dict(cls, d: dict[str, Any], contiguous: bool = False) -> NodeStore:
+        s = cls(contiguous)
         s.root = None if d["root"] is None else int(d["root"])
         s.next_id = int(d["next_id"])
         s.n_inserted = int(d["n_inserted"])
+        s.source_at = [None] * s.n_inserted
         for nd in d["nodes"]:
             n = Node.from_dict(nd)
             s.nodes[n.id] = n
             if n.is_leaf:
+                if not 0 <= n.span[0] < s.n_inserted:
+                    raise TreeInvariantError(f"leaf {n.id} has an insertion index outside the tree")
                 s.leaf_at[n.span[0]] = n.id
+                s.source_at[n.span[0]] = n.message.id if n.message is not None else None
                 if n.message is not None and n.message.id is not None:
                     s.by_source.setdefault(n.message.id, []).append(n.id)
         s.check_links()
