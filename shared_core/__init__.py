@@ -1,6 +1,6 @@
 """hiermem core: hierarchical long-term memories for LLM applications, framework-neutral.
 
-Memories: :class:`SegTreeMem` (more as they land). Models: :class:`LocalEmbedder` (embedded default),
+Memories: :class:`SegTreeMem`, :class:`MemTree`, :class:`HAT` (more as they land). Models: :class:`LocalEmbedder` (embedded default),
 :class:`OpenAIEmbedder`, :class:`OpenAIChat`, :class:`ExtractiveSummarizer`, :class:`LLMSummarizer`.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import HierarchicalMemory
+from .hat import HAT
+from .memtree import MemTree
 from .segtree import SegTreeMem
 from .types import (
     AddReport,
@@ -40,6 +42,7 @@ __all__ = [
     "Completion",
     "EmbeddingError",
     "ExtractiveSummarizer",
+    "HAT",
     "HierMemError",
     "HierarchicalMemory",
     "Hit",
@@ -47,6 +50,7 @@ __all__ = [
     "LLMRequiredError",
     "LLMSummarizer",
     "LocalEmbedder",
+    "MemTree",
     "Message",
     "ModelError",
     "NodeNotFoundError",
@@ -79,4 +83,4 @@ def __getattr__(name: str) -> Any:  # model classes load their heavy dependencie
 
 def memory_classes() -> dict[str, type[HierarchicalMemory]]:
     """Memory classes by their ``kind`` (the name stored in saves)."""
-    return {cls.kind: cls for cls in (SegTreeMem,)}
+    return {cls.kind: cls for cls in (SegTreeMem, MemTree, HAT)}

@@ -141,6 +141,10 @@ class HierarchicalMemory(abc.ABC):
     def _extra_stats(self) -> dict[str, Any]:
         return {}
 
+    def _before_commit(self, usage: Usage) -> None:
+        """Runs once per transaction (add or delete), after the last change and before vectors are
+        embedded and the commit; e.g. to aggregate every touched ancestor once."""
+
     def _reannotate(self, nid: int, usage: Usage) -> None:
         """Recompute an internal node's text from its children (used after deletions)."""
         node = self._store.get(nid)
@@ -178,6 +182,7 @@ class HierarchicalMemory(abc.ABC):
                 for m in messages:
                     report.details.append(self._insert(m, report.usage))
                     report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
+                self._before_commit(report.usage)
                 self._embed_pending(report.usage)
                 self._commit()
             except BaseException:
@@ -219,6 +224,7 @@ class HierarchicalMemory(abc.ABC):
             self._begin(usage)
             try:
                 self._delete_leaves(leaves, usage)
+                self._before_commit(usage)
                 self._embed_pending(usage)
                 self._commit()
             except BaseException:

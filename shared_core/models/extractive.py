@@ -42,7 +42,7 @@ class ExtractiveSummarizer:
     References:
         Centroid-based extractive summarisation (Radev et al., 2004, "Centroid-based summarization of
         multiple documents"); used as the aggregate function S of SegTreeMem (Algorithm 1, line 21),
-        MemTree's aggregation (Sec. 3.2) and HAT's (Sec. 3.1) when no LLM is configured.
+        MemTree's aggregation (Sec. 3.1) and HAT's (Sec. 3.1) when no LLM is configured.
     """
 
     def __init__(self, embedder: Embedder, max_chars: int = 600, cache_size: int = 100_000) -> None:

@@ -1,0 +1,870 @@
+"""HAT: the hierarchical aggregate tree with a memory agent.
+
+Structure (paper Sec. 3.1): layers of nodes; node ``i`` of a layer has parent ``⌊i/M⌋`` in the layer
+above (memory length ``M``); a new leaf is appended at the right of the bottom layer, parents and a new
+root layer are created as needed, and every ancestor's text is re-aggregated from its children, with a
+cache from a hash of the children to the aggregated text (the paper's ``previous_complete_state``).
+Retrieval (Sec. 3.2, Sec. 4.3): a memory agent walks the tree with the actions up / down / left / right /
+reset / sufficient / insufficient; BFS and DFS ask at every visited node whether it suffices; two
+LLM-free policies (``greedy`` descent by cosine, ``collapsed`` top-k) complete the set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import re
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import HierarchicalMemory
+from .models.base import LLM, Embedder, Summarizer
+from .models.parsing import complete_parsed, parse_label
+from .prompts import hat as P
+from .tree import TreeInvariantError
+from .types import (
+    Hit,
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    ModelError,
+    UnknownPolicyError,
+    Usage,
+)
+
+__all__ = ["ACTIONS", "HAT", "Traversal", "layer_sizes", "parse_action"]
+
+#: The memory agent's actions (the paper's set {U, D, L, R, S, O, U} with distinct names).
+ACTIONS = ("up", "down", "left", "right", "reset", "sufficient", "insufficient")
+UNITS = ("turn", "session")
+TRAVERSALS = ("agent", "bfs", "dfs")
+
+#: Characters of a neighbour's text shown to the agent (the current node is shown in full).
+PREVIEW_CHARS = 300
+
+_COUNTERS = ("aggregation_calls", "cache_hits", "cache_misses", "single_child_copies")
+
+_DOWN = re.compile(
+    r"(?<![0-9A-Za-z_])down\s*[:#=>-]*\s*(?:to\s+)?(?:child\s*)?(?:(?:no\.?|number|#)\s*)?(\d+)(?![0-9])",
+    re.IGNORECASE,
+)
+
+
+def layer_sizes(n: int, M: int) -> list[int]:
+    """Sizes of the layers of a HAT over ``n`` leaves, bottom (leaves) first.
+
+    Layer sizes follow from the ``⌊i/M⌋`` rule: ``s_0 = n``, ``s_{l+1} = ceil(s_l / M)`` until a layer
+    of one node (the root). The number of layers is ``1`` for ``n = 1`` and ``ceil(log_M n) + 1`` above.
+
+    Args:
+        n: number of leaves (int >= 0).
+        M: memory length (int >= 2).
+
+    Returns:
+        The sizes, e.g. ``layer_sizes(5, 2) == [5, 3, 2, 1]``; ``[]`` for ``n = 0``.
+
+    References:
+        HAT paper Sec. 3.1 (layer invariant ``j = ⌊i/M⌋``).
+    """
+    if n <= 0:
+        return []
+    sizes = [n]
+    while sizes[-1] > 1:
+        sizes.append(-(-sizes[-1] // M))
+    return sizes
+
+
+def parse_action(text: str, valid: Sequence[str] = ACTIONS, n_children: int = 0) -> tuple[str, int | None]:
+    """Parse the memory agent's answer strictly into one action.
+
+    The answer must name exactly one of :data:`ACTIONS` (whole word, case-insensitive; see
+    :func:`~shared_core.models.parsing.parse_label`); ``down`` must carry one child number
+    ``N`` in ``1..n_children`` (``"down 2"``, ``"down: 2"``, ``"down to child 2"``).
+
+    Args:
+        text: the LLM's answer.
+        valid: the actions possible at the current node.
+        n_children: number of children of the current node (for ``down N``).
+
+    Returns:
+        ``(action, N)`` with ``N`` the 1-based child number for ``down`` and ``None`` otherwise.
+
+    Raises:
+        ValueError: no action, several actions, an action not possible here, or a missing or
+            out-of-range child number (the message says what to answer instead).
+
+    References:
+        HAT paper Sec. 3.2 (action set A).
+    """
+    label = parse_label(text, ACTIONS)
+    if label not in valid:
+        raise ValueError(f"{label!r} is not possible at this node; answer with one of: {', '.join(valid)}.")
+    if label != "down":
+        return label, None
+    nums = {int(m.group(1)) for m in _DOWN.finditer(text)}
+    if len(nums) != 1:
+        raise ValueError(f"Say which child to go down to: 'down N' with N from 1 to {n_children}.")
+    i = nums.pop()
+    if not 1 <= i <= n_children:
+        raise ValueError(f"There is no child {i}; 'down N' needs N from 1 to {n_children}.")
+    return "down", i
+
+
+@dataclass(frozen=True)
+class Traversal:
+    """The trace of one LLM traversal of a HAT (``agent``, ``bfs`` or ``dfs``).
+
+    Attributes:
+        policy: ``"agent"``, ``"bfs"`` or ``"dfs"``.
+        outcome: ``"sufficient"`` (a node was judged sufficient: ``node_id``), ``"insufficient"`` (the
+            agent said so, its answer could not be parsed even after a retry, or BFS/DFS visited every
+            node without a yes), ``"budget"`` (``max_steps`` decisions without a conclusion) or
+            ``"empty"`` (the memory is empty).
+        node_id: the node judged sufficient, else ``None``.
+        path: node ids visited, in order (the agent: the start node, then one per move).
+        actions: the agent's actions (``"down 2"``, ``"up"``...) or BFS/DFS answers (``"yes"``/``"no"``).
+        steps: LLM decisions taken (each at most 2 LLM calls: one retry on an unparseable answer).
+        parse_failures: decisions whose answer could not be parsed after the retry (fallback applied).
+        usage: LLM usage of the traversal.
+    """
+
+    policy: str
+    outcome: str
+    node_id: int | None
+    path: list[int] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    steps: int = 0
+    parse_failures: int = 0
+    usage: Usage = field(default_factory=Usage)
+
+
+def _preview(text: str, chars: int = PREVIEW_CHARS) -> str:
+    text = " ".join(text.split())
+    if len(text) <= chars:
+        return text
+    cut = text[: chars - 1]
+    if " " in cut[chars // 2 :]:
+        cut = cut[: cut.rfind(" ")]
+    return cut.rstrip() + "…"
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+class HAT(HierarchicalMemory):
+    """Hierarchical Aggregate Tree memory (HAT).
+
+    Leaves are the bottom layer, in arrival order; node ``i`` of a layer is a child of node ``⌊i/M⌋`` of
+    the layer above; all leaves are at one depth and the tree has ``ceil(log_M n) + 1`` layers over ``n``
+    leaves. Inserting appends a leaf at the right of the bottom layer, creates the parents (and a new
+    root layer) it needs, and re-aggregates every ancestor of the new leaf from its current children.
+    Only ancestors whose ordered children (ids and texts) changed are aggregated: each internal node
+    remembers the hash of the children its text was computed from (``data["agg_key"]``), and a
+    bounded cache maps such hashes to texts (the paper's ``previous_complete_state``), so an unchanged
+    child set never costs a second aggregation call. A node with a single child takes the child's text
+    (the aggregate of one text is that text) without a call. One ``add`` of many messages aggregates
+    each touched ancestor once, from its final children, before committing: the result is the one of
+    inserting the messages one by one, with fewer calls. The node keys are saved and rolled back with
+    the tree; the cache lives in memory only, and entries made during an ``add`` that fails are kept:
+    a value is the summariser's answer for exactly the ordered child texts in its key, so it stays a
+    correct aggregate whenever the key comes up again (a retried ``add`` reuses it), while
+    :meth:`to_dict` is unchanged by the failure. Deleting leaves re-layers the remaining ones (O(n)).
+
+    ``M = 4`` by default. The paper illustrates HAT with ``M = 2`` (Figure 2) and does not state the
+    value of its experiments; ``M`` trades depth for breadth: a leaf costs about ``log_M n``
+    aggregations (the number of layers above it) and the agent needs about as many ``down`` moves, so
+    a larger ``M`` means fewer calls and shorter walks, while each aggregation and each agent step reads
+    ``M`` children and a summary covers ``M`` times more text than its children. ``M = 4`` halves the
+    layers of ``M = 2`` (6 instead of 11 at 1,000 leaves) and keeps an aggregation prompt at four child
+    notes (about 2,400 characters with the default 600-character extractive notes).
+
+    Node ``level`` is the layer counted from the leaves (0 = leaves, the root has the highest level), so
+    that adding a root layer relabels nothing; the paper counts layers from the root (``l_0``), which is
+    :attr:`Hit.depth`.
+
+    Args:
+        embedder: the embedder (default: the embedded all-MiniLM-L6-v2).
+        llm: an LLM for aggregation and the ``agent`` / ``bfs`` / ``dfs`` policies, or ``None``
+            (extractive aggregation, ``greedy`` and ``collapsed`` policies).
+        M: memory length (children per node), an int >= 2, default 4.
+        unit: ``"turn"`` (default): one leaf per message; ``"session"``: one leaf per session, i.e. per
+            run of consecutive messages with the same ``Message.metadata["session"]`` (or, without it,
+            the same ``Message.timestamp``). While a session continues its leaf grows (texts joined by a
+            newline) and the leaf's ancestors are re-aggregated; the leaf keeps the first message's
+            role, speaker and metadata and reports every message's id in ``Hit.source_ids``.
+        max_steps: LLM decisions per traversal (agent moves, or nodes asked by BFS/DFS), default 10.
+        beam: beam width of ``greedy``, default ``k``.
+        k: default number of hits, default 10.
+        summarizer: the aggregate function A (default: an LLM with :data:`prompts.hat.AGGREGATE_USER`,
+            or the extractive summariser without an LLM).
+        summary_chars: extractive summary budget in characters, default 600.
+        cache_size: entries of the aggregation cache (least recently used evicted), default 10,000;
+            0 keeps only each node's own last aggregation.
+
+    Policies: ``agent`` (the LLM walks the tree), ``bfs`` / ``dfs`` (visit in that order, the LLM says
+    when a node suffices), ``greedy`` (no LLM: descend to the child most similar to the query while
+    the similarity improves, beam of width ``beam``; see below), ``collapsed`` (cosine over all nodes,
+    top-k). Default: ``greedy`` without an LLM, ``agent`` with one.
+
+    ``greedy`` keeps the ``beam`` most similar nodes of each layer, from the root down. A node more
+    similar to the query than its parent on the path and than each of its children (a peak: where
+    "descend while the similarity improves" stops) is a hit; hits are ranked by cosine. By default the
+    beam goes on below a peak down to the leaves (``patience=None``), because a summary can be a little
+    more similar than its children while a grandchild is much more similar: on an 8-message test
+    conversation with M=2 and MiniLM, "What is the name of my dog?" scores 0.278 at the root, 0.276 and
+    0.451 on the way down and 0.600 at the answer leaf. ``retrieve(..., patience=p)`` drops a path after
+    ``p`` layers in a row without improvement; ``patience=0`` is the literal rule (stop at the first
+    peak). A one-child node is passed through to its child (same text). Cost: about
+    ``beam * M * layers`` vector look-ups, no model call besides the query embedding.
+
+    Raises:
+        InvalidInputError: a parameter out of range.
+        UnknownPolicyError: an unknown ``unit``.
+
+    References:
+        "Enhancing Long-Term Memory using Hierarchical Aggregate Tree for Retrieval Augmented Generation"
+        (shared/seeds/hat-paper.txt): Sec. 3.1 (HAT, aggregate function, node, layer invariant), Figure 2,
+        Sec. 3.2 (memory agent, action set), Sec. 4.3 (BFS / DFS traversals).
+    """
+
+    kind = "hat"
+    policies = ("agent", "bfs", "dfs", "greedy", "collapsed")
+    llm_policies = frozenset(TRAVERSALS)
+    default_policy: ClassVar[str] = "greedy"
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        *,
+        M: int = 4,
+        unit: str = "turn",
+        max_steps: int = 10,
+        beam: int | None = None,
+        k: int = 10,
+        summarizer: Summarizer | None = None,
+        summary_chars: int = 600,
+        cache_size: int = 10_000,
+    ) -> None:
+        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 2:
+            raise InvalidInputError(f"M (memory length) must be an integer >= 2, got {M!r}.")
+        if unit not in UNITS:
+            raise UnknownPolicyError(f"unit must be one of {UNITS}, got {unit!r}.")
+        self.M = int(M)
+        self.unit = unit
+        self.max_steps = _positive_int(max_steps, "max_steps")
+        self.k = _positive_int(k, "k")
+        self.beam = self.k if beam is None else _positive_int(beam, "beam")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)) or cache_size < 0:
+            raise InvalidInputError(f"cache_size must be an integer >= 0, got {cache_size!r}.")
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[str, str] = OrderedDict()
+        self._dirty: set[int] = set()
+        self._counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars)
+        self.default_k = self.k  # type: ignore[misc]
+        self.default_policy = "greedy" if llm is None else "agent"  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ hooks
+    def _default_summarizer(self) -> Summarizer:
+        if self.llm is not None:
+            from .models.llm_summarizer import LLMSummarizer
+
+            return LLMSummarizer(self.llm, template=P.AGGREGATE_USER, system=P.AGGREGATE_SYSTEM)
+        return super()._default_summarizer()
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "M": self.M,
+            "unit": self.unit,
+            "max_steps": self.max_steps,
+            "beam": self.beam,
+            "k": self.k,
+            "summary_chars": self.summary_chars,
+            "cache_size": self.cache_size,
+        }
+
+    def _get_state(self) -> dict[str, Any]:
+        return {"counters": dict(self._counters)}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        saved = state.get("counters") or {}
+        self._counters = {c: int(saved.get(c, 0)) for c in _COUNTERS}
+        self._dirty = set()
+
+    def _restore(self, data: dict[str, Any], index: Any) -> None:
+        super()._restore(data, index)
+        self.check_invariants()
+
+    def clear(self) -> None:
+        """Forget everything, the aggregation cache included (configuration and models are kept)."""
+        with self._lock:
+            super().clear()
+            self._cache.clear()
+
+    def _extra_stats(self) -> dict[str, Any]:
+        st = self._store
+        sizes = layer_sizes(st.n_leaves, self.M)[::-1]
+        return {
+            "M": self.M,
+            "unit": self.unit,
+            "layers": len(sizes),
+            "layer_sizes": sizes,
+            **self._counters,
+            "cache_entries": len(self._cache),
+        }
+
+    # ------------------------------------------------------------------ structure
+    def layers(self) -> list[list[int]]:
+        """Node ids per layer, root layer first (the paper's ``l_0``), each left (oldest) to right.
+
+        Returns:
+            A list of lists of node ids; ``[]`` for an empty memory.
+        """
+        with self._lock:
+            st = self._store
+            if st.root is None:
+                return []
+            out: list[list[int]] = []
+            layer = [st.root]
+            while layer:
+                out.append(layer)
+                layer = [c for nid in layer for c in st.nodes[nid].children]
+            return out
+
+    def check_invariants(self) -> None:
+        """Check the HAT shape: links, layer sizes, the ``⌊i/M⌋`` parent rule, levels, leaf order.
+
+        Raises:
+            TreeInvariantError: the tree is not a valid HAT (a bug or a corrupt save).
+        """
+        with self._lock:
+            st = self._store
+            st.check_links()
+            layers = self.layers()
+            want = layer_sizes(st.n_leaves, self.M)[::-1]
+            if [len(layer) for layer in layers] != want:
+                raise TreeInvariantError(
+                    f"layer sizes {[len(layer) for layer in layers]} differ from {want} for "
+                    f"{st.n_leaves} leaves and M={self.M}"
+                )
+            H = len(layers) - 1
+            for k, layer in enumerate(layers):
+                for i, nid in enumerate(layer):
+                    node = st.nodes[nid]
+                    if node.level != H - k or node.is_leaf != (k == H):
+                        raise TreeInvariantError(f"node {nid} has level {node.level} in layer {k} of {H + 1}")
+                    if k and node.parent != layers[k - 1][i // self.M]:
+                        raise TreeInvariantError(f"node {nid} (position {i}) breaks the floor(i/M) rule")
+                    if not node.is_leaf and not node.text:
+                        raise TreeInvariantError(f"internal node {nid} has no text")
+            if layers:
+                firsts = [st.nodes[i].span[0] for i in layers[-1]]
+                if firsts != sorted(firsts):
+                    raise TreeInvariantError("leaves are not in insertion order")
+
+    def _right_spine(self) -> list[int]:
+        """The rightmost node of every layer, bottom (the last leaf) first."""
+        st = self._store
+        if st.root is None:
+            return []
+        path = [st.root]
+        while st.nodes[path[-1]].children:
+            path.append(st.nodes[path[-1]].children[-1])
+        return path[::-1]
+
+    def _session_key(self, message: Message) -> str:
+        key = message.metadata.get("session")
+        if key is None:
+            key = message.timestamp
+        if key is None:
+            raise InvalidInputError(
+                "unit='session' groups messages by Message.metadata['session'] (or Message.timestamp); "
+                "give every message one of them, or build the memory with unit='turn'."
+            )
+        return str(key)
+
+    def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
+        st = self._store
+        spine = self._right_spine()
+        if self.unit == "session":
+            key = self._session_key(message)
+            last = st.leaf_at.get(st.n_inserted - 1)
+            if spine and spine[0] == last and st.nodes[last].data.get("session") == key:
+                leaf = st.nodes[spine[0]]
+                st.set_text(leaf.id, f"{leaf.text}\n{message.text}")
+                ids = list(leaf.data.get("source_ids", []))
+                if message.id is not None:
+                    ids.append(message.id)
+                st.set_data(leaf.id, "source_ids", ids)
+                st.set_data(leaf.id, "n_messages", int(leaf.data.get("n_messages", 1)) + 1)
+                self._dirty.update(spine[1:])
+                return {"leaf": leaf.id, "new_leaf": False, "session": key}
+            data: dict[str, Any] = {
+                "session": key,
+                "source_ids": [message.id] if message.id is not None else [],
+                "n_messages": 1,
+            }
+        else:
+            data = {}
+        n = st.n_leaves
+        leaf = st.new_node(text=message.text, is_leaf=True, message=message, level=0, data=data)
+        details: dict[str, Any] = {"leaf": leaf.id, "new_leaf": True, "position": n}
+        if not spine:
+            st.set_root(leaf.id)
+            return details
+        sizes = layer_sizes(n, self.M)
+        assert len(sizes) == len(spine), "layer sizes and the right spine disagree"
+        cur, pos, lvl = leaf.id, n, 0
+        while True:
+            if lvl == len(spine) - 1:  # cur is a second node in the root layer: new root layer
+                root = st.new_node(level=lvl + 1)
+                st.add_child(root.id, spine[lvl])
+                st.add_child(root.id, cur)
+                st.set_root(root.id)
+                self._dirty.add(root.id)
+                break
+            parent_pos = pos // self.M
+            if parent_pos < sizes[lvl + 1]:  # the rightmost node of the layer above has room
+                st.add_child(spine[lvl + 1], cur)
+                self._dirty.update(spine[lvl + 1 :])
+                break
+            parent = st.new_node(level=lvl + 1)
+            st.add_child(parent.id, cur)
+            self._dirty.add(parent.id)
+            cur, pos, lvl = parent.id, parent_pos, lvl + 1
+        details["layers"] = len(layer_sizes(n + 1, self.M))
+        return details
+
+    def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
+        """Remove leaves and re-layer the rest so the ``⌊i/M⌋`` rule holds again.
+
+        Internal nodes are reused by (level, position); nodes whose children keep their ids and texts
+        are not aggregated again, so the cost is the aggregation of the groups right of the first
+        deleted leaf (O(n / M) at worst) plus O(n) structural work.
+        """
+        st = self._store
+        gone = set(leaves)
+        old = self.layers()
+        if not old:
+            return
+        keep = [nid for nid in old[-1] if nid not in gone]
+        internal_by_level = {len(old) - 1 - k: layer for k, layer in enumerate(old[:-1])}
+        for layer in old[1:]:
+            for nid in layer:
+                st.detach(nid)
+        for nid in gone:
+            st.delete_node(nid)
+        used: set[int] = set()
+        layer, lvl = keep, 0
+        while len(layer) > 1:
+            lvl += 1
+            olds = internal_by_level.get(lvl, [])
+            nxt = []
+            for j in range(0, len(layer), self.M):
+                pid = olds[j // self.M] if j // self.M < len(olds) else st.new_node(level=lvl).id
+                for c in layer[j : j + self.M]:
+                    st.add_child(pid, c)
+                used.add(pid)
+                self._dirty.add(pid)
+                nxt.append(pid)
+            layer = nxt
+        for olds in internal_by_level.values():
+            for nid in olds:
+                if nid not in used:
+                    st.delete_node(nid)
+        st.set_root(layer[0] if layer else None)
+
+    def _before_commit(self, usage: Usage) -> None:
+        # Once per transaction, before vectors and commit: aggregate every ancestor it touched, once.
+        self._flush(usage)
+
+    @staticmethod
+    def _children_key(ids: Sequence[int], texts: Sequence[str]) -> str:
+        payload = json.dumps([list(ids), list(texts)], ensure_ascii=False, separators=(",", ":"))
+        return hashlib.blake2b(payload.encode("utf-8"), digest_size=16).hexdigest()
+
+    def _flush(self, usage: Usage) -> None:
+        """Re-aggregate the touched internal nodes bottom-up, each at most once, through the cache."""
+        st = self._store
+        dirty = sorted((i for i in self._dirty if i in st.nodes), key=lambda i: st.nodes[i].level)
+        cnt = self._counters
+        for nid in dirty:
+            node = st.nodes[nid]
+            st.refresh_span(nid)
+            kids = node.children
+            texts = [st.nodes[c].text for c in kids]
+            key = self._children_key(kids, texts)
+            if len(kids) == 1:
+                st.set_text(nid, texts[0])
+                cnt["single_child_copies"] += 1
+            elif node.data.get("agg_key") == key and node.text:
+                cnt["cache_hits"] += 1
+                continue
+            else:
+                text = self._cache.get(key)
+                if text is not None:
+                    self._cache.move_to_end(key)
+                    cnt["cache_hits"] += 1
+                else:
+                    text, u = self.summarizer.summarize(texts)
+                    usage += u
+                    if not isinstance(text, str) or not text.strip():
+                        raise ModelError(
+                            "The summariser returned an empty or non-string aggregate; check the model "
+                            "or the summariser."
+                        )
+                    cnt["cache_misses"] += 1
+                    cnt["aggregation_calls"] += 1
+                    if self.cache_size:
+                        self._cache[key] = text
+                        while len(self._cache) > self.cache_size:
+                            self._cache.popitem(last=False)
+                st.set_text(nid, text)
+            st.set_data(nid, "agg_key", key)
+        self._dirty = set()
+        # Cache entries made by a transaction that later fails stay: a value is the summariser's output
+        # for exactly the ordered child texts in its key, whatever happens to the nodes, so it is a
+        # correct aggregate whenever that key comes up again (e.g. when the same add is retried).
+
+    # ------------------------------------------------------------------ navigation
+    def _left(self, nid: int) -> int | None:
+        """The neighbour to the left in the same layer (possibly under another parent)."""
+        st = self._store
+        parent = st.nodes[nid].parent
+        if parent is None:
+            return None
+        sib = st.nodes[parent].children
+        i = sib.index(nid)
+        if i > 0:
+            return sib[i - 1]
+        pl = self._left(parent)
+        return st.nodes[pl].children[-1] if pl is not None else None
+
+    def _right(self, nid: int) -> int | None:
+        """The neighbour to the right in the same layer (possibly under another parent)."""
+        st = self._store
+        parent = st.nodes[nid].parent
+        if parent is None:
+            return None
+        sib = st.nodes[parent].children
+        i = sib.index(nid)
+        if i < len(sib) - 1:
+            return sib[i + 1]
+        pr = self._right(parent)
+        return st.nodes[pr].children[0] if pr is not None else None
+
+    def _position(self, nid: int) -> tuple[int, int]:
+        """``(layer from the root, position in the layer)`` of a node, both 0-based."""
+        st = self._store
+        chain = [nid, *st.ancestors(nid)][::-1]
+        pos = 0
+        for parent, child in zip(chain, chain[1:]):
+            pos = pos * self.M + st.nodes[parent].children.index(child)
+        return len(chain) - 1, pos
+
+    def _describe(self, nid: int) -> str:
+        st = self._store
+        depth, pos = self._position(nid)
+        sizes = layer_sizes(st.n_leaves, self.M)[::-1]
+        node = st.nodes[nid]
+        if node.is_leaf:
+            what = "a leaf: original conversation text"
+        else:
+            what = f"{'the root, ' if depth == 0 else ''}a summary of {len(node.children)} children"
+        return (
+            f"layer {depth + 1} of {len(sizes)} from the top, "
+            f"node {pos + 1} of {sizes[depth]} from the left; {what}"
+        )
+
+    # ------------------------------------------------------------------ retrieval
+    def traverse(self, query: str, policy: str | None = None, *, max_steps: int | None = None) -> Traversal:
+        """Run one LLM traversal and return its trace.
+
+        Args:
+            query: the query text (non-empty).
+            policy: ``"agent"`` (default), ``"bfs"`` or ``"dfs"``.
+            max_steps: LLM decisions at most (default the memory's ``max_steps``, 10). Each decision is
+                one LLM call, two when the first answer cannot be parsed.
+
+        Returns:
+            The :class:`Traversal` (outcome, node judged sufficient, visited path, actions, usage).
+
+        Raises:
+            InvalidInputError: empty query or ``max_steps < 1``.
+            UnknownPolicyError: a policy other than agent / bfs / dfs.
+            LLMRequiredError: the memory has no LLM.
+
+        The agent starts at the root; at each step it sees the query, the current node's text, its
+        children (numbered, shortened to 300 characters), its left and right neighbours in the same
+        layer, the actions taken so far and the steps left, and answers one action. Moves that are not
+        possible at the node (``up`` at the root, ``down`` at a leaf, ``left`` at the left end, ...)
+        are not offered and are rejected by the parser. An answer that cannot be parsed is asked once
+        more with the parse error; if it still cannot be parsed the walk stops as ``insufficient``
+        (never a guessed move). BFS (layer by layer) and DFS (pre-order) visit from the root, left
+        (older) to right (newer), and ask whether the node's text is enough to answer (YES/NO; an
+        unparseable answer counts as NO); a node whose text equals one already asked (a one-child
+        node's copy of its child) is not asked again.
+
+        References:
+            HAT paper Sec. 3.2 (memory agent, MDP over tree nodes, actions), Sec. 4.3 (BFS, DFS).
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("query must be a non-empty string.")
+        policy = policy or "agent"
+        if policy not in TRAVERSALS:
+            raise UnknownPolicyError(f"traverse() runs one of {TRAVERSALS}, got {policy!r}.")
+        if self.llm is None:
+            raise LLMRequiredError(
+                f"policy {policy!r} needs an LLM; build the memory with llm=... "
+                "or use policy 'greedy' or 'collapsed'."
+            )
+        steps = self.max_steps if max_steps is None else _positive_int(max_steps, "max_steps")
+        with self._lock:
+            if self._store.root is None:
+                return Traversal(policy, "empty", None)
+            trace = self._agent(query, steps) if policy == "agent" else self._search(query, policy, steps)
+            self._query_usage += trace.usage
+            return trace
+
+    def _agent(self, query: str, max_steps: int) -> Traversal:
+        st = self._store
+        assert self.llm is not None and st.root is not None
+        cur = st.root
+        path, actions = [cur], []
+        usage = Usage()
+        failures = 0
+        for step in range(max_steps):
+            node = st.nodes[cur]
+            kids = node.children
+            left, right = self._left(cur), self._right(cur)
+            valid = [
+                a
+                for a, ok in (
+                    ("up", node.parent is not None),
+                    ("down", bool(kids)),
+                    ("left", left is not None),
+                    ("right", right is not None),
+                    ("reset", cur != st.root),
+                    ("sufficient", True),
+                    ("insufficient", True),
+                )
+                if ok
+            ]
+            shown = [f"down N (N = 1..{len(kids)})" if a == "down" else a for a in valid]
+            children = (
+                "\n".join(
+                    P.AGENT_CHILD.format(i=i, text=_preview(st.nodes[c].text)) for i, c in enumerate(kids, 1)
+                )
+                if kids
+                else "(none: this is a leaf)"
+            )
+            prompt = P.AGENT_USER.format(
+                query=query,
+                position=self._describe(cur),
+                node=node.text,
+                children=children,
+                left=f"<<< {_preview(st.nodes[left].text)} >>>" if left is not None else P.AGENT_NONE,
+                right=f"<<< {_preview(st.nodes[right].text)} >>>" if right is not None else P.AGENT_NONE,
+                history=", ".join(actions[-8:]) or "none",
+                steps_left=max_steps - step,
+                actions=", ".join(shown),
+            )
+            res = complete_parsed(
+                self.llm,
+                prompt,
+                functools.partial(parse_action, valid=valid, n_children=len(kids)),
+                system=P.AGENT_SYSTEM,
+                max_tokens=16,
+                fallback=("insufficient", None),
+            )
+            usage += res.usage
+            failures += 0 if res.ok else 1
+            action, arg = res.value
+            actions.append(f"down {arg}" if action == "down" else action)
+            done = dict(path=path, actions=actions, steps=step + 1, parse_failures=failures, usage=usage)
+            if action == "sufficient":
+                return Traversal("agent", "sufficient", cur, **done)
+            if action == "insufficient":
+                return Traversal("agent", "insufficient", None, **done)
+            if action == "up":
+                nxt = node.parent
+            elif action == "down":
+                nxt = kids[arg - 1]
+            elif action == "left":
+                nxt = left
+            elif action == "right":
+                nxt = right
+            else:
+                nxt = st.root
+            assert nxt is not None
+            cur = nxt
+            path.append(cur)
+        return Traversal("agent", "budget", None, path, actions, max_steps, failures, usage)
+
+    def _order(self, policy: str) -> Iterator[int]:
+        st = self._store
+        assert st.root is not None
+        if policy == "bfs":
+            queue = deque([st.root])
+            while queue:
+                nid = queue.popleft()
+                yield nid
+                queue.extend(st.nodes[nid].children)
+        else:
+            stack = [st.root]
+            while stack:
+                nid = stack.pop()
+                yield nid
+                stack.extend(reversed(st.nodes[nid].children))
+
+    def _search(self, query: str, policy: str, max_steps: int) -> Traversal:
+        st = self._store
+        assert self.llm is not None
+        asked: set[str] = set()
+        path: list[int] = []
+        answers: list[str] = []
+        usage = Usage()
+        failures = 0
+        for nid in self._order(policy):
+            text = st.nodes[nid].text
+            if not text or text in asked:
+                continue
+            if len(path) >= max_steps:
+                return Traversal(policy, "budget", None, path, answers, len(path), failures, usage)
+            asked.add(text)
+            res = complete_parsed(
+                self.llm,
+                P.SUFFICIENT_USER.format(query=query, node=text),
+                lambda t: parse_label(t, ("YES", "NO")),
+                system=P.SUFFICIENT_SYSTEM,
+                max_tokens=3,
+                fallback="NO",
+            )
+            usage += res.usage
+            failures += 0 if res.ok else 1
+            path.append(nid)
+            answers.append(res.value.lower())
+            if res.value == "YES":
+                return Traversal(policy, "sufficient", nid, path, answers, len(path), failures, usage)
+        return Traversal(policy, "insufficient", None, path, answers, len(path), failures, usage)
+
+    def _greedy(self, query: str, beam: int, patience: int | None) -> list[tuple[int, float, dict[str, Any]]]:
+        """Beam descent by cosine; the hits are the peaks (nodes more similar than their parent on the
+        path and than each of their children), by similarity."""
+        st = self._store
+        assert st.root is not None
+        q = self._embed_query(query)
+        nodes = st.nodes
+
+        def settle(nid: int, path: list[int], acts: list[str]) -> tuple[int, list[int], list[str]]:
+            # A one-child node holds its child's text: go on to the finest node with that text.
+            while len(nodes[nid].children) == 1:
+                nid = nodes[nid].children[0]
+                path, acts = [*path, nid], [*acts, "down 1"]
+            return nid, path, acts
+
+        root, path0, acts0 = settle(st.root, [st.root], [])
+        # beam entries: (node, similarity, parent's similarity on the path, misses, path, actions)
+        frontier = [(root, float(self._vectors([root])[0] @ q), -np.inf, 0, path0, acts0)]
+        peaks: list[tuple[int, float, list[int], list[str]]] = []
+        while frontier:
+            cands = []
+            for nid, _s, _, misses, path, acts in frontier:
+                for i, c in enumerate(nodes[nid].children, 1):
+                    leaf, p, a = settle(c, [*path, c], [*acts, f"down {i}"])
+                    cands.append((leaf, nid, misses, p, a))
+            sims = dict(zip([c[0] for c in cands], (self._vectors([c[0] for c in cands]) @ q).tolist()))
+            best_child: dict[int, float] = {}
+            for leaf, parent, *_ in cands:
+                best_child[parent] = max(best_child.get(parent, -np.inf), sims[leaf])
+            for nid, s, s_up, _, path, acts in frontier:
+                if s > s_up and best_child.get(nid, -np.inf) <= s:
+                    peaks.append((nid, s, path, acts))
+            s_of = {f[0]: f[1] for f in frontier}
+            nxt = []
+            for leaf, parent, misses, p, a in cands:
+                s_parent = s_of[parent]
+                m = misses if sims[leaf] > s_parent else misses + 1
+                if patience is None or m <= patience:
+                    nxt.append((leaf, sims[leaf], s_parent, m, p, a))
+            nxt.sort(key=lambda t: (-t[1], t[0]))
+            frontier = nxt[:beam]
+        peaks.sort(key=lambda t: (-t[1], nodes[t[0]].level, t[0]))
+        return [
+            (nid, s, {"policy": "greedy", "path": path, "actions": acts, "similarity": s})
+            for nid, s, path, acts in peaks
+        ]
+
+    def _collapsed(self, query: str, k: int) -> list[tuple[int, float, dict[str, Any]]]:
+        if self._index is None or len(self._index) == 0:
+            return []
+        q = self._embed_query(query)
+        ids, scores = self._index.search(q, min(len(self._index), 3 * k + 8))
+        st = self._store
+        rows = sorted(
+            zip(ids.tolist(), scores.tolist()),
+            key=lambda t: (-round(t[1], 6), st.nodes[t[0]].level, t[0]),
+        )
+        return [(nid, s, {"policy": "collapsed", "path": [nid], "actions": []}) for nid, s in rows]
+
+    def _retrieve(
+        self,
+        query: str,
+        policy: str,
+        k: int,
+        max_steps: int | None = None,
+        beam: int | None = None,
+        patience: int | None = None,
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Candidates of one policy (see :meth:`retrieve` and the class docstring).
+
+        ``agent`` / ``bfs`` / ``dfs`` return the node judged sufficient (score 1.0) or nothing (the
+        trace is available from :meth:`traverse`); parameter ``max_steps``. ``greedy`` returns the
+        peaks of the beam descent by cosine; parameters ``beam`` (default the memory's) and
+        ``patience`` (None: to the leaves; 0: stop at the first peak). ``collapsed`` returns the top
+        cosine nodes. Hit metadata: ``policy``, ``path`` (node ids
+        visited, from the root for traversals and greedy), ``actions``; traversals add ``outcome`` and
+        ``steps``.
+        """
+        if policy == "collapsed":
+            return self._collapsed(query, k)
+        if policy == "greedy":
+            if patience is not None and (
+                isinstance(patience, bool) or int(patience) != patience or patience < 0
+            ):
+                raise InvalidInputError(f"patience must be None or an integer >= 0, got {patience!r}.")
+            b = self.beam if beam is None else _positive_int(beam, "beam")
+            return self._greedy(query, b, None if patience is None else int(patience))
+        trace = self.traverse(query, policy, max_steps=max_steps)
+        if trace.node_id is None:
+            return []
+        meta = {
+            "policy": policy,
+            "path": list(trace.path),
+            "actions": list(trace.actions),
+            "outcome": trace.outcome,
+            "steps": trace.steps,
+        }
+        return [(trace.node_id, 1.0, meta)]
+
+    def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit:
+        """Build the :class:`Hit` of node ``nid`` (session leaves report every message id)."""
+        h = super().hit(nid, score, meta)
+        if self.unit != "session":
+            return h
+        st = self._store
+        ids: dict[str, None] = {}
+        for lid in st.leaves_under(nid):
+            for s in st.nodes[lid].data.get("source_ids", []):
+                ids.setdefault(s, None)
+        return dataclasses.replace(h, source_ids=list(ids))
