@@ -1,6 +1,7 @@
 """hiermem core: hierarchical long-term memories for LLM applications, framework-neutral.
 
-Memories: :class:`SegTreeMem`, :class:`MemTree`, :class:`HAT` (more as they land). Models: :class:`LocalEmbedder` (embedded default),
+Memories: :class:`SegTreeMem`, :class:`MemTree`, :class:`HAT` (more as they land).
+Models: :class:`LocalEmbedder` (embedded default),
 :class:`OpenAIEmbedder`, :class:`OpenAIChat`, :class:`ExtractiveSummarizer`, :class:`LLMSummarizer`.
 """
 
