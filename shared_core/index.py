@@ -11,13 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from .types import EmbeddingError, PersistenceError
 
 __all__ = ["NodeIndex", "normalize_rows"]
+
+_BLAS: ThreadpoolController | None = None
+
+
+def _one_blas_thread() -> Any:
+    """Context limiting BLAS to one thread: a single-query product is memory-bound, and on a busy
+    machine a multi-threaded BLAS spends 10-100x longer synchronising its threads than computing."""
+    global _BLAS
+    if _BLAS is None:
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
@@ -143,7 +156,9 @@ class NodeIndex:
             ``(ids int64 (n,), scores float32 (n,))`` in row order.
         """
         q = self._check(query, 1)[0]
-        return self.ids.copy(), self._matrix() @ q
+        with _one_blas_thread():
+            scores = self._matrix() @ q
+        return self.ids.copy(), scores
 
     def search(
         self, query: np.ndarray, k: int, subset: Iterable[int] | None = None
