@@ -1,0 +1,471 @@
+"""A LangGraph ``BaseStore`` whose semantic search is a hiermem memory per namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    get_text_at_path,
+    validate_op_namespace,
+)
+
+from shared_core.base import HierarchicalMemory
+from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
+
+from .models import as_core_embedder
+from .retrievers import HierMemRetriever
+
+__all__ = ["HierMemStore"]
+
+Namespace = tuple[str, ...]
+MemoryFactory = Callable[..., HierarchicalMemory]
+
+# Fields used as an item's text when neither the store nor the put names any (in this order).
+DEFAULT_TEXT_FIELDS = ("text", "content")
+# At most this many rounds of widening the retrieval when hits collapse onto fewer keys than asked for.
+_MAX_WIDEN = 8
+
+
+@dataclass
+class _Space:
+    """One namespace: its items (insertion order), its memory and the memory leaves of each key."""
+
+    items: dict[str, Item] = field(default_factory=dict)
+    memory: HierarchicalMemory | None = None
+    leaves: dict[str, list[int]] = field(default_factory=dict)
+    texts: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class _Added:
+    """The texts one run of puts added to a namespace's memory, by key (leaf ids and texts in order)."""
+
+    ns: Namespace
+    space: _Space
+    ops: list[PutOp]
+    leaves: dict[str, list[int]] = field(default_factory=dict)
+    texts: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _matches(value: Any, cond: Any) -> bool:
+    """LangGraph filter semantics: exact match, nested dicts, ``$eq $ne $gt $gte $lt $lte``."""
+    if isinstance(cond, dict):
+        if any(k.startswith("$") for k in cond):
+            return all(_operator(value, op, arg) for op, arg in cond.items())
+        return isinstance(value, dict) and all(_matches(value.get(k), v) for k, v in cond.items())
+    return value == cond
+
+
+def _operator(value: Any, op: str, arg: Any) -> bool:
+    if op == "$eq":
+        return value == arg
+    if op == "$ne":
+        return value != arg
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        try:
+            a, b = float(value), float(arg)
+        except (TypeError, ValueError):
+            return False
+        return {"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op]
+    raise InvalidInputError(f"Unsupported filter operator {op!r}; use one of $eq $ne $gt $gte $lt $lte.")
+
+
+def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
+    path = tuple(cond.path)
+    if len(ns) < len(path):
+        return False
+    part = ns[: len(path)] if cond.match_type == "prefix" else ns[len(ns) - len(path) :]
+    if cond.match_type not in ("prefix", "suffix"):
+        raise InvalidInputError(f"match_type must be 'prefix' or 'suffix', got {cond.match_type!r}.")
+    return all(p == "*" or p == n for p, n in zip(path, part))
+
+
+class HierMemStore(BaseStore):
+    """A LangGraph long-term memory store backed by hiermem memories, one per namespace.
+
+    Items are kept as key -> value dicts per namespace (``get``, listing, filters) and the text of each
+    item is added to that namespace's memory as a message whose source id is the key, so
+    ``search(namespace, query=...)`` is a hierarchical-memory retrieval (e.g. SegTreeMem's relevance
+    propagation). Namespaces never share a memory.
+
+    Text of an item: the ``index`` fields of the put (LangGraph path syntax: ``"memory"``,
+    ``"a.b"``, ``"list[*].text"``, ``"$"`` = the whole value as JSON), else the store's ``fields``, else
+    the value's ``"text"`` field, else its ``"content"`` field (non-empty strings), else the whole value as
+    JSON. Every extracted text becomes one leaf; ``index=False`` stores the item without indexing it.
+    Updating a key adds the new text(s) first and then deletes the key's old leaves; deleting a key
+    (``value=None``) deletes its leaves (core ``delete``).
+
+    Search with ``query``: the memory's hits, best first; an internal node's hit stands for the items
+    under it (its ``source_ids``), a leaf's hit for its key and any other key that indexed the same text
+    (a memory never returns one text twice); each item is kept once, at the score of its best hit.
+    Over several namespaces the per-namespace rankings are interleaved by rank (scores of different
+    memories are not on one scale). Non-indexed items matching the filter follow, without a score.
+    ``filter`` applies to item values (exact match, nested dicts, ``$eq $ne $gt $gte $lt $lte``).
+    Search without ``query`` lists items in namespace then insertion order. ``limit`` / ``offset``
+    paginate both.
+
+    Args:
+        memory_factory: builds the memory of a new namespace: a callable taking the namespace tuple, or
+            no argument. Default ``None`` = ``SegTreeMem(embedder=<the store's embedder>, **memory_kwargs)``.
+        embedder: a core embedder or a LangChain ``Embeddings`` shared by the default memories; default
+            the local MiniLM (``LocalEmbedder``).
+        fields: default text fields (LangGraph path syntax) for puts without ``index``; default ``None``
+            (``"text"``, then ``"content"``, then the whole value).
+        memory_kwargs: keyword arguments of the default ``SegTreeMem`` (e.g. ``{"relevance": "dense"}``).
+        policy: retrieval policy of query searches, default ``None`` (each memory's default).
+        search_kwargs: the policy's parameters for query searches (e.g. ``{"alpha": 0.1}``), default ``{}``.
+
+    Raises:
+        InvalidInputError: both ``memory_factory`` and ``embedder`` / ``memory_kwargs`` given;
+            a ``fields`` entry that is not a string.
+
+    References:
+        LangGraph ``BaseStore`` (``langgraph.store.base``); core ``HierarchicalMemory.add`` /
+        ``retrieve`` / ``delete``.
+    """
+
+    supports_ttl = False
+
+    def __init__(
+        self,
+        *,
+        memory_factory: MemoryFactory | None = None,
+        embedder: Any = None,
+        fields: list[str] | None = None,
+        memory_kwargs: dict[str, Any] | None = None,
+        policy: str | None = None,
+        search_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if memory_factory is not None and (embedder is not None or memory_kwargs):
+            raise InvalidInputError(
+                "Give either memory_factory or embedder / memory_kwargs (which configure the default "
+                "SegTreeMem factory), not both."
+            )
+        if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+            raise InvalidInputError("fields must be a list of field paths (strings), e.g. ['text'].")
+        self._factory = memory_factory
+        self._factory_takes_ns = memory_factory is not None and self._takes_argument(memory_factory)
+        self._embedder = as_core_embedder(embedder)
+        self.fields = list(fields) if fields is not None else None
+        self.memory_kwargs = dict(memory_kwargs or {})
+        self.policy = policy
+        self.search_kwargs = dict(search_kwargs or {})
+        self._spaces: dict[Namespace, _Space] = {}
+        self._lock = threading.RLock()
+
+    @staticmethod
+    def _takes_argument(fn: Callable[..., Any]) -> bool:
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            return True
+        return any(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) and p.default is p.empty
+            for p in params
+        )
+
+    # ------------------------------------------------------------------ memories
+    def _new_memory(self, namespace: Namespace) -> HierarchicalMemory:
+        if self._factory is not None:
+            mem = self._factory(namespace) if self._factory_takes_ns else self._factory()
+        else:
+            from shared_core.segtree import SegTreeMem
+
+            if self._embedder is None:
+                from shared_core.models.local import LocalEmbedder
+
+                self._embedder = LocalEmbedder()
+            mem = SegTreeMem(embedder=self._embedder, **self.memory_kwargs)
+        if not isinstance(mem, HierarchicalMemory):
+            raise InvalidInputError(
+                f"memory_factory must return a hiermem memory (e.g. SegTreeMem()), got {type(mem).__name__}."
+            )
+        return mem
+
+    def get_memory(self, namespace: tuple[str, ...]) -> HierarchicalMemory | None:
+        """The core memory of a namespace (``None`` until something was indexed in it)."""
+        with self._lock:
+            space = self._spaces.get(tuple(namespace))
+            return space.memory if space is not None else None
+
+    def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
+        """A :class:`~langchain_hiermem.retrievers.HierMemRetriever` over one namespace's memory.
+
+        Args:
+            namespace: the namespace (its memory is created when it does not exist yet).
+            **kwargs: ``HierMemRetriever`` fields (``k``, ``policy``, ``max_tokens``, ``search_kwargs``).
+        """
+        ns = tuple(namespace)
+        with self._lock:
+            space = self._spaces.setdefault(ns, _Space())
+            if space.memory is None:
+                space.memory = self._new_memory(ns)
+            return HierMemRetriever(memory=space.memory, **kwargs)
+
+    # ------------------------------------------------------------------ batch
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run operations in order; consecutive puts are applied together (one ``add`` per namespace).
+
+        Returns:
+            One result per op: ``Item | None`` (get), ``list[SearchItem]`` (search), ``None`` (put),
+            ``list[tuple[str, ...]]`` (list namespaces).
+
+        Raises:
+            InvalidNamespaceError: a bad namespace label, or an empty namespace in a put.
+            InvalidInputError: a put value that is not a mapping, negative ``limit`` / ``offset``, an
+                unsupported filter operator.
+            HierMemError: a memory failed; a run of consecutive puts whose ``add`` fails leaves the
+                store's items and indexed texts as before (ops earlier in the batch stay applied).
+        """
+        ops = list(ops)
+        for op in ops:
+            if not isinstance(op, (GetOp, SearchOp, PutOp, ListNamespacesOp)):
+                raise InvalidInputError(f"Unknown store operation {type(op).__name__}.")
+            validate_op_namespace(op)
+            if isinstance(op, PutOp):
+                if not op.namespace:
+                    raise InvalidNamespaceError("Namespace cannot be empty.")
+                if op.value is not None and not isinstance(op.value, Mapping):
+                    raise InvalidInputError(
+                        f"A put value must be a mapping (dict) or None, got {type(op.value).__name__}."
+                    )
+        results: list[Result] = [None] * len(ops)
+        with self._lock:
+            i = 0
+            while i < len(ops):
+                op = ops[i]
+                if isinstance(op, PutOp):
+                    j = i
+                    while j < len(ops) and isinstance(ops[j], PutOp):
+                        j += 1
+                    self._apply_puts(ops[i:j])  # type: ignore[arg-type]
+                    i = j
+                    continue
+                if isinstance(op, GetOp):
+                    space = self._spaces.get(tuple(op.namespace))
+                    results[i] = space.items.get(op.key) if space is not None else None
+                elif isinstance(op, SearchOp):
+                    results[i] = self._search(op)
+                else:
+                    results[i] = self._list_namespaces(op)
+                i += 1
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Async :meth:`batch`, run in a worker thread so the event loop is not blocked."""
+        return await asyncio.to_thread(self.batch, list(ops))
+
+    # ------------------------------------------------------------------ puts
+    def _texts(self, value: Mapping[str, Any], index: Any) -> list[tuple[str, str]]:
+        """``(path, text)`` pairs to index for a value (see the class docstring)."""
+        if index is False:
+            return []
+        paths = index if index is not None else self.fields
+        out: list[tuple[str, str]] = []
+        if paths is None:
+            for name in DEFAULT_TEXT_FIELDS:
+                v = value.get(name)
+                if isinstance(v, str) and v.strip():
+                    return [(name, v)]
+            return [("$", json.dumps(dict(value), ensure_ascii=False, sort_keys=True, default=str))]
+        for path in paths:
+            texts = [t for t in get_text_at_path(dict(value), path) if t.strip()]
+            for n, t in enumerate(texts):
+                out.append((path if len(texts) == 1 else f"{path}.{n}", t))
+        return out
+
+    def _apply_puts(self, ops: list[PutOp]) -> None:
+        """Apply a run of puts: first every namespace's new texts (one ``add`` each), then the removals.
+
+        If an ``add`` fails, the texts already added to other namespaces in this run are deleted again
+        and nothing else changes, so the store holds the same items and texts as before.
+        """
+        last: dict[tuple[Namespace, str], PutOp] = {}
+        for op in ops:  # the last put of a key wins
+            last.pop((tuple(op.namespace), op.key), None)
+            last[(tuple(op.namespace), op.key)] = op
+        by_ns: dict[Namespace, list[PutOp]] = {}
+        for (ns, _), op in last.items():
+            by_ns.setdefault(ns, []).append(op)
+        added: list[_Added] = []
+        try:
+            for ns, group in by_ns.items():
+                added.append(self._add_texts(ns, group))
+        except BaseException:
+            for a in added:
+                for lids in a.leaves.values():
+                    self._forget(a.space, "", lids, warn=False)
+            raise
+        for a in added:
+            self._finish_puts(a)
+
+    def _add_texts(self, ns: Namespace, ops: list[PutOp]) -> _Added:
+        space = self._spaces.get(ns) or _Space()
+        messages: list[Message] = []
+        for op in ops:
+            if op.value is None:
+                continue
+            for path, text in self._texts(op.value, op.index):
+                messages.append(
+                    Message(text, id=op.key, metadata={"namespace": list(ns), "key": op.key, "field": path})
+                )
+        added = _Added(ns, space, ops)
+        if messages:
+            if space.memory is None:
+                space.memory = self._new_memory(ns)
+            report = space.memory.add(messages)  # atomic: on error this memory is unchanged
+            for m, lid in zip(messages, report.leaf_ids):
+                added.leaves.setdefault(m.id or "", []).append(lid)
+                added.texts.setdefault(m.id or "", []).append(m.text)
+        return added
+
+    def _finish_puts(self, a: _Added) -> None:
+        """The new texts are in: forget the old texts of updated / deleted keys, then update the items."""
+        space = a.space
+        for op in a.ops:
+            old = space.leaves.pop(op.key, [])
+            old_texts = space.texts.pop(op.key, [])
+            stale = self._forget(space, op.key, old)
+            left = [*a.leaves.get(op.key, []), *stale]
+            if left:
+                space.leaves[op.key] = left
+                space.texts[op.key] = [*a.texts.get(op.key, []), *old_texts[len(old) - len(stale) :]]
+        now = datetime.now(timezone.utc)
+        for op in a.ops:
+            if op.value is None:
+                space.items.pop(op.key, None)
+                continue
+            prev = space.items.get(op.key)
+            space.items[op.key] = Item(
+                value=dict(op.value),
+                key=op.key,
+                namespace=a.ns,
+                created_at=prev.created_at if prev is not None else now,
+                updated_at=now,
+            )
+        self._spaces[a.ns] = space
+
+    @staticmethod
+    def _forget(space: _Space, key: str, leaves: list[int], warn: bool = True) -> list[int]:
+        """Delete a key's old leaves from the memory; return those that could not be deleted.
+
+        A leaf whose deletion fails (e.g. the LLM re-annotating its ancestors failed) stays attached to
+        the key, so search still maps it to the key's current value and the next put of the key retries.
+        """
+        for n, lid in enumerate(leaves):
+            try:
+                assert space.memory is not None
+                space.memory.delete(lid)
+            except NodeNotFoundError:
+                continue
+            except HierMemError as e:
+                if not warn:
+                    continue
+                warnings.warn(
+                    f"Could not remove the previous text of key {key!r} from its memory ({e}); it stays "
+                    "indexed under that key and is removed on the key's next put or delete.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                return leaves[n:]
+        return []
+
+    # ------------------------------------------------------------------ search
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        if op.limit < 0 or op.offset < 0:
+            raise InvalidInputError(f"limit and offset must be >= 0, got {op.limit} and {op.offset}.")
+        prefix = tuple(op.namespace_prefix)
+        spaces = [(ns, s) for ns, s in self._spaces.items() if ns[: len(prefix)] == prefix and s.items]
+        want = op.offset + op.limit
+        if want == 0:
+            return []
+
+        def keep(item: Item) -> bool:
+            return not op.filter or all(_matches(item.value.get(k), c) for k, c in op.filter.items())
+
+        if not op.query:
+            out = [self._search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
+            return out[op.offset : want]
+        rankings = [self._ranked(s, op.query, want, keep) for _, s in spaces]
+        ranked: list[SearchItem] = []
+        for r in range(max((len(x) for x in rankings), default=0)):
+            ranked.extend(sorted((x[r] for x in rankings if r < len(x)), key=lambda it: -(it.score or 0.0)))
+        if len(ranked) < want:  # items that are not indexed come last, without a score
+            ranked.extend(
+                self._search_item(it)
+                for _, s in spaces
+                for key, it in s.items.items()
+                if key not in s.leaves and keep(it)
+            )
+        return ranked[op.offset : want]
+
+    def _ranked(self, space: _Space, query: str, want: int, keep: Callable[[Item], bool]) -> list[SearchItem]:
+        """Items of one namespace for a query, best first (at most ``want``)."""
+        mem = space.memory
+        if mem is None or len(mem) == 0:
+            return []
+        # hits never repeat a text: a leaf hit also stands for the other keys that indexed the same text
+        twins: dict[str, list[str]] = {}
+        for key, texts in space.texts.items():
+            for text in texts:
+                twins.setdefault(text, []).append(key)
+        k = want
+        for _ in range(_MAX_WIDEN):
+            hits = mem.retrieve(query, k=k, policy=self.policy, **self.search_kwargs)
+            out: list[SearchItem] = []
+            seen: set[str] = set()
+            for h in hits:
+                keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
+                for key in keys:
+                    item = space.items.get(key)
+                    if key in seen or item is None or not keep(item):
+                        continue
+                    seen.add(key)
+                    out.append(self._search_item(item, h.score))
+            if len(out) >= want or len(hits) < k:
+                return out[:want]
+            k *= 2
+        return out[:want]
+
+    @staticmethod
+    def _search_item(item: Item, score: float | None = None) -> SearchItem:
+        return SearchItem(
+            namespace=item.namespace,
+            key=item.key,
+            value=item.value,
+            created_at=item.created_at,
+            updated_at=item.updated_at,
+            score=float(score) if score is not None else None,
+        )
+
+    # ------------------------------------------------------------------ namespaces
+    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        if op.limit < 0 or op.offset < 0:
+            raise InvalidInputError(f"limit and offset must be >= 0, got {op.limit} and {op.offset}.")
+        names = [ns for ns, s in self._spaces.items() if s.items]
+        if op.match_conditions:
+            names = [ns for ns in names if all(_ns_matches(c, ns) for c in op.match_conditions)]
+        if op.max_depth is not None:
+            names = sorted({ns[: op.max_depth] for ns in names})
+        else:
+            names = sorted(names)
+        return names[op.offset : op.offset + op.limit]

@@ -1,0 +1,93 @@
+"""LangChain's standard retriever tests (``langchain_tests``) run on HierMemRetriever.
+
+The memories hold real all-MiniLM-L6-v2 embeddings of a dozen short texts, built once per session.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+from langchain_core.retrievers import BaseRetriever
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+
+from langchain_hiermem import HierMemRetriever
+from shared_core.base import HierarchicalMemory
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The local model embeds a few short texts per call here: one intra-op thread is fastest for that
+    and does not compete with other processes for the cores."""
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+TEXTS = [
+    "I adopted a beagle puppy called Luna in March.",
+    "Luna chewed through my running shoes yesterday.",
+    "My sister Clara works as a marine biologist in Brest.",
+    "We are planning a trip to Kyoto for the cherry blossoms.",
+    "The flight to Osaka leaves on the 2nd of April.",
+    "I have been baking sourdough bread every Sunday.",
+    "My starter is called Bubbles and lives in the fridge.",
+    "The quarterly report is due at the end of the month.",
+    "My manager asked me to lead the new data project.",
+    "I started learning the cello with a teacher downtown.",
+    "Luna's vet appointment is on Thursday at 10am.",
+    "Clara is visiting us for Easter with her two kids.",
+]
+
+
+@cache
+def filled(kind: str) -> HierarchicalMemory:
+    """A memory of ``kind`` holding TEXTS (built once per process)."""
+    from shared_core.models.local import LocalEmbedder
+
+    if kind == "segtree":
+        from shared_core import SegTreeMem
+
+        mem: HierarchicalMemory = SegTreeMem(embedder=LocalEmbedder())
+    else:
+        memtree = pytest.importorskip("shared_core.memtree")
+        mem = memtree.MemTree(embedder=LocalEmbedder(), threshold=0.0)
+    mem.add(TEXTS)
+    return mem
+
+
+class TestSegTreeRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[BaseRetriever]:
+        return HierMemRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {"memory": filled("segtree")}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "What is the name of my dog?"
+
+
+class TestMemTreeRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[BaseRetriever]:
+        return HierMemRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {"memory": filled("memtree"), "policy": "collapsed"}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "When does the flight to Japan leave?"
+
+
+def test_the_standard_query_finds_the_fact():
+    """Beyond the standard shape checks: the example query's best document is the right text."""
+    docs = HierMemRetriever(memory=filled("segtree"), k=3).invoke("What is the name of my dog?")
+    assert "Luna" in docs[0].page_content
