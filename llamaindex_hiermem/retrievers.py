@@ -1,0 +1,205 @@
+"""``HierMemRetriever``: a LlamaIndex ``BaseRetriever`` over any hiermem memory."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.schema import NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
+from llama_index.core.storage.docstore.types import BaseDocumentStore
+
+from shared_core.base import HierarchicalMemory
+from shared_core.types import Hit, InvalidInputError, UnknownPolicyError
+
+__all__ = ["STRUCTURE_KEYS", "HierMemRetriever", "hit_to_node", "policy_param_names"]
+
+#: Metadata keys every node built from a hit carries; hidden from the LLM and embedding views.
+STRUCTURE_KEYS = ("node_id", "depth", "span", "source_ids", "is_leaf", "level", "kind", "policy")
+
+
+def policy_param_names(memory: HierarchicalMemory) -> frozenset[str] | None:
+    """Names of the retrieval-policy parameters ``memory`` accepts (``None``: unknown, any name passes).
+
+    In order: the memory class's ``retrieve_params`` when it declares them; else the named parameters of
+    its ``_retrieve`` after ``query, policy, k``; when ``_retrieve`` takes ``**params``, the
+    ``_RETRIEVE_PARAMS`` set its module validates them against.
+    """
+    cls = type(memory)
+    declared = getattr(cls, "retrieve_params", None)
+    if declared is not None:
+        return frozenset(declared)
+    names: set[str] = set()
+    for p in list(inspect.signature(cls._retrieve).parameters.values())[4:]:
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            module_names = getattr(sys.modules.get(cls.__module__), "_RETRIEVE_PARAMS", None)
+            return None if module_names is None else frozenset(names | set(module_names))
+        if p.kind is not inspect.Parameter.VAR_POSITIONAL:
+            names.add(p.name)
+    return frozenset(names)
+
+
+def _json_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def hit_to_node(
+    hit: Hit,
+    docstore: BaseDocumentStore | None = None,
+    id_prefix: str = "hiermem/",
+) -> TextNode:
+    """The LlamaIndex node of one hit.
+
+    A leaf whose source id names a node in ``docstore`` is returned as that stored node (unchanged).
+    Any other hit becomes a new :class:`~llama_index.core.schema.TextNode` with the hit's text; its
+    metadata carries the message fields (leaves) and the structure keys ``node_id`` (core node id, int),
+    ``depth``, ``span`` (``[first, last]`` insertion indices, 0-based), ``source_ids``, ``is_leaf``,
+    ``level``, ``kind`` and ``policy``, all hidden from the LLM and embedding views. An internal node
+    has a ``CHILD`` relationship to each leaf under it that has a source id (the docstore's nodes).
+
+    Args:
+        hit: a core :class:`~shared_core.types.Hit`.
+        docstore: where leaves were stored (the index's docstore), or ``None``.
+        id_prefix: prefix of the ids of nodes not in the docstore: ``f"{id_prefix}{hit.node_id}"``; a
+            leaf with a source id keeps that id.
+
+    Returns:
+        A ``TextNode`` (or whatever node type the docstore holds for the leaf).
+
+    References:
+        LlamaIndex ``TextNode`` / ``NodeRelationship.CHILD``; core :class:`~shared_core.types.Hit`.
+    """
+    if hit.is_leaf and hit.source_ids and docstore is not None:
+        stored = docstore.get_node(hit.source_ids[0], raise_error=False)
+        if stored is not None:
+            return stored
+    meta: dict[str, Any] = {k: v for k, v in hit.metadata.items() if _json_scalar(v) and v is not None}
+    meta.update(
+        {
+            "node_id": hit.node_id,
+            "depth": hit.depth,
+            "span": [int(hit.span[0]), int(hit.span[1])],
+            "source_ids": list(hit.source_ids),
+            "is_leaf": hit.is_leaf,
+        }
+    )
+    hidden = [k for k in STRUCTURE_KEYS if k in meta]
+    if hit.is_leaf:
+        node_id = hit.source_ids[0] if hit.source_ids else f"{id_prefix}{hit.node_id}"
+        rel: dict[NodeRelationship, Any] = {}
+    else:
+        node_id = f"{id_prefix}{hit.node_id}"
+        rel = {NodeRelationship.CHILD: [RelatedNodeInfo(node_id=s) for s in hit.source_ids]}
+    return TextNode(
+        id_=node_id,
+        text=hit.text,
+        metadata=meta,
+        relationships=rel,
+        excluded_llm_metadata_keys=hidden,
+        excluded_embed_metadata_keys=hidden,
+    )
+
+
+class HierMemRetriever(BaseRetriever):
+    """A LlamaIndex retriever over a hiermem memory (any of MemTree, SegTreeMem, HAT, xMemory).
+
+    Each query runs the memory's retrieval ``policy`` and yields ``NodeWithScore`` best first: leaves
+    as the docstore's nodes (when a ``docstore`` holds them), internal nodes (summaries / annotations) as
+    new ``TextNode`` objects with structure metadata (see :func:`hit_to_node`). Scores are the policy's
+    scores (higher is better; their scale depends on the policy).
+
+    Args:
+        memory: the core memory (:class:`~shared_core.base.HierarchicalMemory`).
+        policy: retrieval policy, one of ``memory.policies``; default ``None`` = the memory's default
+            (e.g. SegTreeMem ``top_down``).
+        similarity_top_k: at most this many nodes per query; default ``None`` = the memory's default
+            (usually 10).
+        max_tokens: optional budget of returned text in tokens (as the core counts them); default
+            ``None`` (no budget).
+        docstore: the docstore holding the leaves' nodes (an index's ``docstore``); default ``None``.
+        id_prefix: prefix of the ids of nodes built from hits, default ``"hiermem/"``.
+        callback_manager: LlamaIndex callbacks, default ``None``.
+        object_map: LlamaIndex recursive-retrieval objects, default ``None``.
+        verbose: LlamaIndex verbosity, default ``False``.
+        **policy_params: the policy's parameters (e.g. SegTreeMem ``alpha=0.1, horizon=2``).
+
+    Raises:
+        InvalidInputError: ``memory`` is not a hiermem memory; ``similarity_top_k`` or ``max_tokens`` is
+            not a positive integer; a policy parameter the memory does not take.
+        UnknownPolicyError: a policy the memory does not have.
+
+    References:
+        The policies of each memory: MemTree Sec. 3.2 (memory retrieval), SegTreeMem Sec. 4.3 and
+        Appendix A Algorithm 2, HAT Sec. 3.2 (memory agent), xMemory Sec. 3.3 (adaptive retrieval).
+    """
+
+    def __init__(
+        self,
+        memory: HierarchicalMemory,
+        *,
+        policy: str | None = None,
+        similarity_top_k: int | None = None,
+        max_tokens: int | None = None,
+        docstore: BaseDocumentStore | None = None,
+        id_prefix: str = "hiermem/",
+        callback_manager: CallbackManager | None = None,
+        object_map: dict | None = None,
+        verbose: bool = False,
+        **policy_params: Any,
+    ) -> None:
+        if not isinstance(memory, HierarchicalMemory):
+            raise InvalidInputError(
+                f"HierMemRetriever needs a hiermem memory (e.g. SegTreeMem()), got {type(memory).__name__}."
+            )
+        if policy is not None and policy not in memory.policies:
+            raise UnknownPolicyError(
+                f"{type(memory).__name__} has no policy {policy!r}; "
+                f"choose one of {', '.join(memory.policies)}."
+            )
+        for name, v in (("similarity_top_k", similarity_top_k), ("max_tokens", max_tokens)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InvalidInputError(f"{name} must be a positive integer or None, got {v!r}.")
+        accepted = policy_param_names(memory)
+        if accepted is not None:
+            unknown = sorted(set(policy_params) - accepted)
+            if unknown:
+                raise InvalidInputError(
+                    f"{type(memory).__name__} retrieval takes no parameter {', '.join(map(repr, unknown))}; "
+                    f"it takes: {', '.join(sorted(accepted)) or 'none'}."
+                )
+        self.memory = memory
+        self.policy = policy
+        self.similarity_top_k = similarity_top_k
+        self.max_tokens = max_tokens
+        self.docstore = docstore
+        self.id_prefix = id_prefix
+        self.policy_params = dict(policy_params)
+        super().__init__(callback_manager=callback_manager, object_map=object_map, verbose=verbose)
+
+    def _to_nodes(self, hits: list[Hit]) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=hit_to_node(h, self.docstore, self.id_prefix), score=float(h.score))
+            for h in hits
+        ]
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        hits = self.memory.retrieve(
+            query_bundle.query_str,
+            k=self.similarity_top_k,
+            policy=self.policy,
+            max_tokens=self.max_tokens,
+            **self.policy_params,
+        )
+        return self._to_nodes(hits)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        hits = await self.memory.aretrieve(
+            query_bundle.query_str,
+            self.similarity_top_k,
+            self.policy,
+            max_tokens=self.max_tokens,
+            **self.policy_params,
+        )
+        return self._to_nodes(hits)
