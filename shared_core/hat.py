@@ -401,7 +401,7 @@ class HAT(HierarchicalMemory):
             last = st.leaf_at.get(st.n_inserted - 1)
             if spine and spine[0] == last and st.nodes[last].data.get("session") == key:
                 leaf = st.nodes[spine[0]]
-                st.set_text(leaf.id, f"{leaf.text}\n{message.text}")
+                st.set_text(leaf.id, f"{leaf.text}\n{message.render()}")
                 ids = list(leaf.data.get("source_ids", []))
                 if message.id is not None:
                     ids.append(message.id)
@@ -417,7 +417,7 @@ class HAT(HierarchicalMemory):
         else:
             data = {}
         n = st.n_leaves
-        leaf = st.new_node(text=message.text, is_leaf=True, message=message, level=0, data=data)
+        leaf = st.new_node(text=message.render(), is_leaf=True, message=message, level=0, data=data)
         details: dict[str, Any] = {"leaf": leaf.id, "new_leaf": True, "position": n}
         if not spine:
             st.set_root(leaf.id)

@@ -433,7 +433,7 @@ class MemTree(HierarchicalMemory):
     def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
         st = self._store
         calls_before = usage.llm_calls
-        e_new = self._embed([message.text], usage)[0]
+        e_new = self._embed([message.render()], usage)[0]
         h = self._h()
         # 1. route (read only)
         target, d = st.root, 0
@@ -464,9 +464,9 @@ class MemTree(HierarchicalMemory):
                 path.append(child)
                 target, d = child, d + 1
         # 2. aggregate and embed (no mutation yet)
-        jobs = [(st.nodes[u].text, message.text, self._entries(u)) for u in path]
+        jobs = [(st.nodes[u].text, message.render(), self._entries(u)) for u in path]
         if expand is not None:
-            jobs.append((st.nodes[expand].text, message.text, 1))
+            jobs.append((st.nodes[expand].text, message.render(), 1))
         texts = self._aggregate_all(jobs, usage)
         vecs = self._embed(texts, usage) if texts else None
         # 3. mutate
@@ -475,7 +475,7 @@ class MemTree(HierarchicalMemory):
             st.set_root(root.id)
             target = root.id
         leaf_depth = d + 2 if expand is not None else d + 1
-        leaf = st.new_node(text=message.text, is_leaf=True, message=message, level=leaf_depth)
+        leaf = st.new_node(text=message.render(), is_leaf=True, message=message, level=leaf_depth)
         idx = leaf.span[0]
         self._set_vector(leaf.id, e_new)
         if expand is not None:

@@ -164,14 +164,15 @@ class SegTreeMem(HierarchicalMemory):
 
     def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
         st = self._store
-        leaf = st.new_node(text=message.text, is_leaf=True, message=message, level=1)  # line 3
-        self._set_vector(leaf.id, self._embed([message.text], usage)[0])
+        text = message.render()
+        leaf = st.new_node(text=text, is_leaf=True, message=message, level=1)  # line 3: A(z) = x
+        self._set_vector(leaf.id, self._embed([text], usage)[0])
         if st.root is None:  # lines 4-6
             st.set_root(leaf.id)
             return {"attach_level": None, "decision": "first"}
         F = self.frontier()  # line 7
         m = len(F)
-        ell = self._compatibility(message.text, leaf.id, F[1:], usage)  # line 8: None or 2..m
+        ell = self._compatibility(text, leaf.id, F[1:], usage)  # line 8: None or 2..m
         if ell is not None:  # lines 9-12
             top = self._chain(leaf.id, ell - 2)
             target = F[ell - 1]

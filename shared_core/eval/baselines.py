@@ -1,0 +1,297 @@
+"""Flat retrieval baselines over single messages, with the memories' ``add`` / ``retrieve`` surface.
+
+Every baseline indexes each message under :func:`~shared_core.eval.data.render_message`
+(``"<speaker>: <text>"``) and returns leaf hits (``depth=1``, ``span=(i, i)``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import faiss
+import numpy as np
+
+from ..lexical import LexicalIndex
+from ..models.base import Embedder, validate_embeddings
+from ..types import (
+    AddReport,
+    EmbeddingError,
+    Hit,
+    InvalidInputError,
+    Message,
+    MessageLike,
+    Usage,
+    as_messages,
+)
+from .data import render_message
+
+__all__ = ["FlatBM25", "FlatDense", "FlatHybridRRF"]
+
+
+def _check_query(query: Any, k: Any) -> int:
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInputError("query must be a non-empty string.")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+    return int(k)
+
+
+def _normalized(vecs: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    if np.any(norms == 0):
+        raise EmbeddingError("The embedder returned a zero vector; cosine similarity is undefined for it.")
+    return np.ascontiguousarray(vecs / norms, dtype=np.float32)
+
+
+def _default_embedder() -> Embedder:
+    from ..models.local import LocalEmbedder
+
+    return LocalEmbedder()
+
+
+class _Flat:
+    """Shared message store of the flat baselines."""
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self._texts: list[str] = []
+        self._lock = threading.RLock()
+        self.usage = Usage()
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def _hit(self, i: int, score: float) -> Hit:
+        m = self._messages[i]
+        meta: dict[str, Any] = {
+            k: v
+            for k, v in (("speaker", m.speaker), ("timestamp", m.timestamp), ("role", m.role))
+            if v is not None
+        }
+        meta.update(m.metadata)
+        return Hit(
+            node_id=i,
+            text=self._texts[i],
+            score=float(score),
+            depth=1,
+            is_leaf=True,
+            span=(i, i),
+            source_ids=[m.id] if m.id is not None else [],
+            metadata=meta,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Counts in the memories' ``stats()`` shape: every message is a leaf under a structural root."""
+        n = len(self._messages)
+        return {
+            "nodes": n,
+            "leaves": n,
+            "max_depth": 1 if n else 0,
+            "mean_depth": 1.0 if n else 0.0,
+            "mean_branching": float(n),
+            "usage": self.usage.to_dict(),
+        }
+
+
+class FlatDense(_Flat):
+    """Dense cosine retrieval over single messages (FAISS ``IndexFlatIP`` over L2-normalised vectors).
+
+    Args:
+        embedder: any :class:`~shared_core.models.base.Embedder`; default the embedded
+            :class:`~shared_core.models.local.LocalEmbedder` (all-MiniLM-L6-v2, 384-d).
+
+    References:
+        SegTreeMem paper, RQ4 "flat retrieval" baselines (Dense); MemTree paper, the MemoryStream
+        baseline (Park et al., 2023: a flat embedding table of the history); FAISS (Johnson et al., 2019).
+    """
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        super().__init__()
+        self.embedder = embedder if embedder is not None else _default_embedder()
+        self._index: faiss.IndexFlatIP | None = None
+
+    def add(self, messages: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Add messages in order; all of one call are embedded in one batch.
+
+        Args:
+            messages: a string, a :class:`Message`, or an iterable of them.
+
+        Returns:
+            An :class:`AddReport` (leaf ids = insertion indices; one embedding call).
+
+        Raises:
+            InvalidInputError: invalid messages. EmbeddingError: bad vectors. The store is unchanged then.
+        """
+        msgs = as_messages(messages)
+        texts = [render_message(m) for m in msgs]
+        t0 = time.perf_counter()
+        vecs = validate_embeddings(self.embedder.embed(texts), len(texts), None)
+        vecs = _normalized(vecs)
+        usage = Usage(embed_calls=1, embedded_texts=len(texts), seconds=time.perf_counter() - t0)
+        with self._lock:
+            if self._index is None:
+                self._index = faiss.IndexFlatIP(vecs.shape[1])
+            elif vecs.shape[1] != self._index.d:
+                raise EmbeddingError(
+                    f"Embedding dimension changed from {self._index.d} to {vecs.shape[1]}; use one embedder."
+                )
+            start = len(self._messages)
+            self._index.add(vecs)
+            self._messages.extend(msgs)
+            self._texts.extend(texts)
+            self.usage += usage
+        return AddReport(leaf_ids=list(range(start, start + len(msgs))), usage=usage)
+
+    def _embed_query(self, query: str) -> np.ndarray:
+        q = validate_embeddings(self.embedder.embed([query]), 1, self._index.d if self._index else None)
+        return _normalized(q)
+
+    def ranking(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """All messages ranked by cosine similarity to ``query``.
+
+        Returns:
+            ``(indices, scores)``: ``int64`` insertion indices best first and their ``float32`` cosines,
+            both of length ``len(self)``.
+        """
+        with self._lock:
+            n = len(self._messages)
+            if n == 0 or self._index is None:
+                return np.zeros(0, np.int64), np.zeros(0, np.float32)
+            q = self._embed_query(query)
+            scores, idx = self._index.search(q, n)
+        return idx[0].astype(np.int64), scores[0].astype(np.float32)
+
+    def retrieve(self, query: str, k: int = 10) -> list[Hit]:
+        """The ``k`` messages most similar to ``query`` (cosine), best first.
+
+        Raises:
+            InvalidInputError: empty query or ``k`` < 1.
+        """
+        k = _check_query(query, k)
+        with self._lock:
+            n = len(self._messages)
+            if n == 0 or self._index is None:
+                return []
+            q = self._embed_query(query)
+            scores, idx = self._index.search(q, min(k, n))
+            return [self._hit(int(i), float(s)) for i, s in zip(idx[0], scores[0]) if i >= 0]
+
+
+class FlatBM25(_Flat):
+    """BM25 over single messages (bm25s via :class:`~shared_core.lexical.LexicalIndex`).
+
+    Args:
+        stem: English Snowball stemming, default ``True`` (LlamaIndex ``BM25Retriever`` defaults);
+            ``stem=False`` is bm25s with its default tokenisation.
+        stopwords: bm25s stop-word list (``"en"``) or ``None``, default ``"en"``.
+
+    References:
+        SegTreeMem paper, RQ4 "flat retrieval" baselines (BM25); Robertson & Zaragoza (2009), BM25;
+        bm25s (Lù, 2024).
+    """
+
+    def __init__(self, stem: bool = True, stopwords: str | None = "en") -> None:
+        super().__init__()
+        self.index = LexicalIndex(stem=stem, stopwords=stopwords)
+
+    def add(self, messages: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Add messages in order (the BM25 model is rebuilt lazily at the next query).
+
+        Raises:
+            InvalidInputError: invalid messages; the store is unchanged then.
+        """
+        msgs = as_messages(messages)
+        texts = [render_message(m) for m in msgs]
+        with self._lock:
+            start = len(self._messages)
+            ids = list(range(start, start + len(msgs)))
+            self.index.upsert(ids, texts)
+            self._messages.extend(msgs)
+            self._texts.extend(texts)
+        return AddReport(leaf_ids=ids, usage=Usage())
+
+    def ranking(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """All messages ranked by BM25 score (ties by insertion order): ``(indices, scores)``."""
+        with self._lock:
+            ids, sc = self.index.scores(query)
+        order = np.argsort(-sc, kind="stable")
+        return ids[order], sc[order]
+
+    def retrieve(self, query: str, k: int = 10) -> list[Hit]:
+        """The ``k`` best BM25 matches, best first (zero-score messages fill up in insertion order).
+
+        Raises:
+            InvalidInputError: empty query or ``k`` < 1.
+        """
+        k = _check_query(query, k)
+        with self._lock:
+            if not self._messages:
+                return []
+            ids, sc = self.index.top_k(query, k)
+            return [self._hit(int(i), float(s)) for i, s in zip(ids, sc)]
+
+
+class FlatHybridRRF(_Flat):
+    """Reciprocal-rank fusion of dense cosine and BM25 rankings over all messages.
+
+    Fused score of message d: ``1 / (k_rrf + rank_dense(d)) + 1 / (k_rrf + rank_bm25(d))`` with 1-based
+    ranks over every stored message (BM25 ties, including zero scores, ranked by insertion order).
+
+    Args:
+        embedder: the dense embedder, default :class:`~shared_core.models.local.LocalEmbedder`.
+        stem: stem in BM25, default ``True``.
+        k_rrf: the RRF constant, default 60.
+        stopwords: BM25 stop-word list, default ``"en"``.
+
+    Raises:
+        InvalidInputError: ``k_rrf`` < 0.
+
+    References:
+        Cormack, Clarke & Büttcher (2009), "Reciprocal Rank Fusion outperforms Condorcet and individual
+        rank learning methods" (RRF score, k = 60).
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        stem: bool = True,
+        k_rrf: int = 60,
+        stopwords: str | None = "en",
+    ) -> None:
+        super().__init__()
+        if k_rrf < 0:
+            raise InvalidInputError("k_rrf must be >= 0 (60 is the usual value).")
+        self.k_rrf = k_rrf
+        self.dense = FlatDense(embedder)
+        self.bm25 = FlatBM25(stem=stem, stopwords=stopwords)
+
+    def add(self, messages: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Add messages to both rankers (dense first: if embedding fails, nothing changes)."""
+        msgs = as_messages(messages)
+        with self._lock:
+            rep = self.dense.add(msgs)
+            self.bm25.add(msgs)
+            self._messages.extend(msgs)
+            self._texts.extend(render_message(m) for m in msgs)
+            self.usage += rep.usage
+        return rep
+
+    def retrieve(self, query: str, k: int = 10) -> list[Hit]:
+        """The ``k`` messages with the highest fused score, best first (ties by insertion order).
+
+        Raises:
+            InvalidInputError: empty query or ``k`` < 1.
+        """
+        k = _check_query(query, k)
+        with self._lock:
+            n = len(self._messages)
+            if n == 0:
+                return []
+            fused = np.zeros(n, dtype=np.float64)
+            for idx, _ in (self.dense.ranking(query), self.bm25.ranking(query)):
+                fused[idx] += 1.0 / (self.k_rrf + np.arange(1, idx.size + 1))
+            order = np.argsort(-fused, kind="stable")[:k]
+            return [self._hit(int(i), float(fused[i])) for i in order]

@@ -1,0 +1,186 @@
+"""Retrieval metrics: evidence recall, span recall, answer-token recall, token counts, grouped means.
+
+One tokenizer for every method: :func:`count_tokens` counts regex word and punctuation tokens, so
+returned-token budgets compare across memories without any model-specific vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..lexical import tokenize
+from ..types import InvalidInputError
+
+__all__ = [
+    "answer_token_recall",
+    "content_words",
+    "count_tokens",
+    "evidence_recall",
+    "mean_by",
+    "span_recall",
+]
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def _flatten_ids(retrieved: Sequence[Sequence[str]] | Sequence[str]) -> set[str]:
+    out: set[str] = set()
+    for item in retrieved:
+        if isinstance(item, str):
+            out.add(item)
+        else:
+            out.update(str(x) for x in item)
+    return out
+
+
+def evidence_recall(
+    retrieved_source_ids: Sequence[Sequence[str]] | Sequence[str], evidence: Sequence[str]
+) -> float:
+    """Share of the distinct evidence ids that the retrieved items cover.
+
+    Args:
+        retrieved_source_ids: the source ids of the retrieved items — either one flat list of ids, or one
+            list per retrieved item (e.g. each hit's ``source_ids``; a summary node covers all its leaves).
+        evidence: the gold evidence ids (duplicates count once).
+
+    Returns:
+        A float in [0, 1].
+
+    Raises:
+        InvalidInputError: ``evidence`` is empty.
+
+    References:
+        LoCoMo (Maharana et al., 2024) retrieval recall@k over dialogue ids; RealMem (Bian et al., 2026)
+        session-level evidence.
+    """
+    ev = set(map(str, evidence))
+    if not ev:
+        raise InvalidInputError(
+            "evidence is empty; evidence recall is defined only for queries with evidence."
+        )
+    got = _flatten_ids(retrieved_source_ids)
+    return len(ev & got) / len(ev)
+
+
+def span_recall(
+    spans: Iterable[tuple[int, int]], evidence: Sequence[str], positions: Mapping[str, Sequence[int]]
+) -> float:
+    """Share of distinct evidence ids with at least one message inside a retrieved node's span.
+
+    Args:
+        spans: ``(first, last)`` insertion indices (inclusive) of the retrieved nodes (``Hit.span``).
+        evidence: gold evidence ids.
+        positions: for each id, the insertion indices of the messages carrying it (a RealMem session id
+            maps to all its turns).
+
+    Returns:
+        A float in [0, 1]; evidence ids absent from ``positions`` count as not covered.
+
+    Raises:
+        InvalidInputError: ``evidence`` is empty.
+
+    References:
+        SegTreeMem (interval nodes); DESIGN "span recall".
+    """
+    ev = list(dict.fromkeys(map(str, evidence)))
+    if not ev:
+        raise InvalidInputError("evidence is empty; span recall is defined only for queries with evidence.")
+    sp = [(int(a), int(b)) for a, b in spans]
+    if not sp:
+        return 0.0
+    lo = np.array([a for a, _ in sp])
+    hi = np.array([b for _, b in sp])
+    covered = 0
+    for e in ev:
+        pos = np.asarray(positions.get(e, ()), dtype=np.int64)
+        if pos.size and bool(((pos[:, None] >= lo[None, :]) & (pos[:, None] <= hi[None, :])).any()):
+            covered += 1
+    return covered / len(ev)
+
+
+def content_words(text: str) -> set[str]:
+    """The content words of a text: lower-cased word tokens without stop words, unstemmed.
+
+    Tokens are runs of two or more word characters (bm25s' pattern ``(?u)\\b\\w\\w+\\b``); stop words are
+    bm25s' English list (33 words: "a", "an", "and", "are", "as", "at", "be", "but", "by", "for",
+    "if", "in", "into", "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their",
+    "then", "there", "these", "they", "this", "to", "was", "will", "with") — the same tokens the lexical
+    index sees before stemming.
+
+    Args:
+        text: any string.
+
+    Returns:
+        The set of content words.
+    """
+    if not isinstance(text, str):
+        text = str(text)
+    return set(tokenize([text], stem=False, stopwords="en")[0]) if text.strip() else set()
+
+
+def answer_token_recall(answer: str, retrieved_text: str | Sequence[str]) -> float:
+    """Share of the answer's content words present anywhere in the retrieved text.
+
+    Args:
+        answer: the gold answer.
+        retrieved_text: the retrieved text, or a list of texts (joined with newlines).
+
+    Returns:
+        A float in [0, 1]; 1.0 when the answer has no content words (nothing to find).
+
+    References:
+        hiermem DESIGN, Evaluation ("answer-token recall"): an LLM-free proxy of whether the retrieved
+        context can answer the question, over LoCoMo (Maharana et al., 2024) style short answers.
+    """
+    words = content_words(answer)
+    if not words:
+        return 1.0
+    if not isinstance(retrieved_text, str):
+        retrieved_text = "\n".join(retrieved_text)
+    return len(words & content_words(retrieved_text)) / len(words)
+
+
+def count_tokens(text: str | Sequence[str]) -> int:
+    """Number of tokens, counted as regex word runs and single punctuation marks (``\\w+|[^\\w\\s]``).
+
+    Args:
+        text: a string or a list of strings (counts add up).
+
+    Returns:
+        The token count (int >= 0).
+    """
+    if isinstance(text, str):
+        return len(_TOKEN_RE.findall(text))
+    return sum(len(_TOKEN_RE.findall(t)) for t in text)
+
+
+def mean_by(values: Sequence[float], keys: Sequence[Hashable]) -> dict[Any, float]:
+    """Mean of ``values`` per key, ignoring NaN values.
+
+    Args:
+        values: numbers, one per item.
+        keys: group keys, one per item (e.g. query categories).
+
+    Returns:
+        ``{key: mean}`` in order of first appearance; a group whose values are all NaN maps to NaN.
+
+    Raises:
+        InvalidInputError: the lengths differ.
+    """
+    if len(values) != len(keys):
+        raise InvalidInputError(
+            f"mean_by got {len(values)} values and {len(keys)} keys; pass one key per value."
+        )
+    groups: dict[Any, list[float]] = {}
+    for v, k in zip(values, keys):
+        groups.setdefault(k, []).append(float(v))
+    out: dict[Any, float] = {}
+    for k, vs in groups.items():
+        ok = [v for v in vs if not math.isnan(v)]
+        out[k] = float(np.mean(ok)) if ok else math.nan
+    return out

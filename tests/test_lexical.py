@@ -1,0 +1,183 @@
+"""LexicalIndex: BM25 scores worked by hand, stemming, stop words, lazy rebuilds, edge cases."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared_core.lexical import LexicalIndex, tokenize
+from shared_core.types import InvalidInputError
+
+
+def _score_of(index: LexicalIndex, query: str) -> dict[int, float]:
+    ids, sc = index.scores(query)
+    return {int(i): float(s) for i, s in zip(ids, sc)}
+
+
+def test_lucene_bm25_value_by_hand():
+    # N = 2 docs, "dog" in one: idf = ln(1 + (2 - 1 + 0.5) / (1 + 0.5)) = ln 2.
+    # Doc 0 has tf = 2, length 3, average length 2: tf / (k1 (1 - b + b * 3/2) + tf) = 2 / 4.0625.
+    idx = LexicalIndex(stem=False, stopwords=None)
+    idx.upsert([10, 11], ["dog dog cat", "cat"])
+    s = _score_of(idx, "dog")
+    assert s[10] == pytest.approx(math.log(2) * 2 / 4.0625, rel=1e-5)
+    assert s[11] == 0.0
+
+
+def test_term_in_one_doc_ranks_it_first():
+    idx = LexicalIndex()
+    idx.upsert([1, 2, 3], ["the cat sat on the mat", "a dog barked at night", "birds fly south"])
+    ids, sc = idx.top_k("Which dog barked?", k=3)
+    assert ids[0] == 2 and sc[0] > 0
+    assert np.all(sc[1:] == 0)
+    assert ids.dtype == np.int64 and sc.dtype == np.float32
+
+
+def test_stemming_matches_plural_only_when_enabled():
+    docs = ["I adopted a dog last year", "my cat sleeps all day"]
+    stemmed = LexicalIndex(stem=True)
+    stemmed.upsert([0, 1], docs)
+    plain = LexicalIndex(stem=False)
+    plain.upsert([0, 1], docs)
+    assert _score_of(stemmed, "dogs")[0] > 0
+    assert _score_of(plain, "dogs") == {0: 0.0, 1: 0.0}
+    assert tokenize(["dogs running"], stem=True) == [["dog", "run"]]
+
+
+def test_stop_words_ignored_only_with_a_list():
+    docs = ["the the the the end", "a quiet lake"]
+    with_sw = LexicalIndex(stem=False, stopwords="en")
+    with_sw.upsert([0, 1], docs)
+    assert _score_of(with_sw, "the") == {0: 0.0, 1: 0.0}
+    without = LexicalIndex(stem=False, stopwords=None)
+    without.upsert([0, 1], docs)
+    assert _score_of(without, "the")[0] > 0
+    # stop words in a query do not change the ranking or scores of its content words
+    a = with_sw.scores("the lake")[1]
+    b = with_sw.scores("lake")[1]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_lazy_rebuild_reflects_upserts_and_removes():
+    idx = LexicalIndex()
+    idx.upsert([0, 1], ["apples are red", "bananas are yellow"])
+    assert idx.builds == 0
+    for _ in range(3):
+        idx.scores("apples")
+    assert idx.builds == 1  # many queries, one build
+    idx.upsert([2], ["cherries are red"])
+    s = _score_of(idx, "cherries")
+    assert idx.builds == 2 and s[2] > 0 and len(s) == 3
+    idx.upsert([0], ["grapes are green"])  # replace in place
+    s = _score_of(idx, "apples")
+    assert all(v == 0 for v in s.values())
+    assert _score_of(idx, "grapes")[0] > 0
+    assert list(idx.scores("x")[0]) == [0, 1, 2]  # replaced id keeps its position
+    idx.remove([2, 99])
+    assert 2 not in idx and len(idx) == 2
+    assert 2 not in _score_of(idx, "cherries")
+    builds = idx.builds
+    idx.remove([42])  # nothing removed: stays clean
+    idx.scores("grapes")
+    assert idx.builds == builds
+
+
+def test_empty_index_and_unknown_tokens():
+    idx = LexicalIndex()
+    ids, sc = idx.scores("anything")
+    assert ids.shape == (0,) and sc.shape == (0,) and ids.dtype == np.int64 and sc.dtype == np.float32
+    ids, sc = idx.top_k("anything", k=5)
+    assert ids.size == 0 and sc.size == 0
+    idx.upsert([5, 6], ["alpha beta", "gamma"])
+    assert _score_of(idx, "zeta omega") == {5: 0.0, 6: 0.0}
+    assert _score_of(idx, "the of and") == {5: 0.0, 6: 0.0}  # only stop words
+    assert _score_of(idx, "") == {5: 0.0, 6: 0.0}
+    idx.remove([5, 6])
+    assert idx.scores("alpha")[0].size == 0
+
+
+def test_corpus_of_only_stop_words():
+    idx = LexicalIndex()
+    idx.upsert([0, 1], ["the and of", "a an"])
+    assert _score_of(idx, "the") == {0: 0.0, 1: 0.0}
+    ids, _ = idx.top_k("the", k=1)
+    assert list(ids) == [0]
+
+
+def test_top_k_subset_ties_and_k():
+    idx = LexicalIndex(stem=False)
+    idx.upsert([7, 3, 9], ["red car", "blue car", "red red car"])
+    ids, sc = idx.top_k("red", k=10)
+    assert list(ids) == [9, 7, 3] and sc[0] > sc[1] > sc[2] == 0
+    ids, _ = idx.top_k("red", k=2, subset=[3, 7, 1000])
+    assert list(ids) == [7, 3]
+    ids, _ = idx.top_k("nothing", k=2)
+    assert list(ids) == [7, 3]  # ties broken by insertion order
+    with pytest.raises(InvalidInputError):
+        idx.top_k("red", k=0)
+
+
+def test_bad_input_leaves_index_unchanged():
+    idx = LexicalIndex()
+    idx.upsert([0], ["kept"])
+    with pytest.raises(InvalidInputError):
+        idx.upsert([1, 2], ["one"])
+    with pytest.raises(InvalidInputError):
+        idx.upsert([1, 1], ["a", "b"])
+    with pytest.raises(InvalidInputError):
+        idx.upsert(["x"], ["a"])  # type: ignore[list-item]
+    with pytest.raises(InvalidInputError):
+        idx.upsert([1], [None])  # type: ignore[list-item]
+    with pytest.raises(InvalidInputError):
+        idx.scores(None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        LexicalIndex(stopwords="klingon")
+    assert len(idx) == 1 and list(idx.scores("kept")[0]) == [0]
+
+
+def test_concurrent_upserts_and_queries():
+    idx = LexicalIndex()
+
+    def work(w: int) -> None:
+        for j in range(40):
+            idx.upsert([w * 1000 + j], [f"worker{w} item{j} running dogs"])
+            idx.scores("dogs")
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(idx) == 160
+    ids, sc = idx.scores("worker2 run")
+    assert ids.size == 160 and np.all(sc > 0)
+    assert set(idx.top_k("worker2", k=40)[0].tolist()) == {2000 + j for j in range(40)}
+
+
+WORDS = ["dog", "dogs", "cat", "running", "runs", "the", "a", "lake", "paint", "painted"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    docs=st.lists(st.lists(st.sampled_from(WORDS), min_size=0, max_size=6), min_size=1, max_size=8),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
+    stem=st.booleans(),
+)
+def test_positive_score_iff_shared_token(docs, query, stem):
+    texts = [" ".join(d) for d in docs]
+    idx = LexicalIndex(stem=stem)
+    idx.upsert(list(range(len(texts))), texts)
+    ids, sc = idx.scores(" ".join(query))
+    assert list(ids) == list(range(len(texts)))
+    qtok = set(tokenize([" ".join(query)], stem=stem)[0])
+    for t, s in zip(tokenize(texts, stem=stem), sc):
+        assert s >= 0
+        assert (s > 0) == bool(qtok & set(t))
+    top, tsc = idx.top_k(" ".join(query), k=3)
+    assert np.all(np.diff(tsc) <= 0)
+    assert tsc[0] == sc.max()
