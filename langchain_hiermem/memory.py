@@ -276,6 +276,13 @@ class HierMemMemory(BaseMemory):
         await asyncio.to_thread(self.memory.clear)
 
     # ------------------------------------------------------------------ rendering
+    @staticmethod
+    def _content(hit: Hit) -> str:
+        """A leaf's message text without the ``"<speaker>: "`` prefix the core stores it under."""
+        speaker = hit.metadata.get("speaker")
+        prefix = f"{speaker}: " if speaker else ""
+        return hit.text[len(prefix) :] if prefix and hit.text.startswith(prefix) else hit.text
+
     def _line(self, hit: Hit) -> str:
         if hit.is_leaf:
             speaker = hit.metadata.get("speaker")
@@ -283,7 +290,8 @@ class HierMemMemory(BaseMemory):
                 speaker = {"user": self.human_prefix, "assistant": self.ai_prefix}.get(
                     hit.metadata.get("role") or ""
                 )
-            return f"{speaker}: {hit.text}" if speaker else hit.text
+            text = self._content(hit)
+            return f"{speaker}: {text}" if speaker else text
         a, b = hit.span
         return f"Summary of messages {a + 1}-{b + 1}: {hit.text}"
 
@@ -291,9 +299,9 @@ class HierMemMemory(BaseMemory):
         if hit.is_leaf:
             role = hit.metadata.get("role")
             if role == "user":
-                return HumanMessage(content=hit.text)
+                return HumanMessage(content=self._content(hit))
             if role == "assistant":
-                return AIMessage(content=hit.text)
+                return AIMessage(content=self._content(hit))
         return SystemMessage(content=self._line(hit))
 
     def select(self, hits: list[Hit]) -> list[Hit]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import copy
+import inspect
+import json
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -35,7 +37,7 @@ from .types import (
     as_messages,
 )
 
-__all__ = ["RELEVANCE_KINDS", "HierarchicalMemory", "count_tokens"]
+__all__ = ["RELEVANCE_KINDS", "HierarchicalMemory", "check_message", "count_tokens"]
 
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
 
@@ -59,8 +61,17 @@ class HierarchicalMemory(abc.ABC):
         summarizer: the aggregate function for internal nodes; default an LLM summariser with the
             algorithm's prompt when ``llm`` is given, else :class:`ExtractiveSummarizer`.
         summary_chars: length budget of extractive summaries in characters, default 600.
+        store: path of a durable SQLite store (see :mod:`shared_core.durable`) for subclasses that forward
+            it; every memory also has :meth:`open` and :meth:`attach_store`. Default ``None`` (in memory).
 
     Thread safety: one writer at a time; readers wait for a write to finish and see a consistent tree.
+    One re-entrant lock serialises adds, deletes and retrievals (retrieval updates caches such as the
+    lexical index, so readers do not run concurrently with each other either).
+
+    Input limits: a message text has at most :attr:`max_message_chars` characters (default 100,000;
+    split longer documents before adding them, or raise the attribute on the instance); a message
+    (text, fields and metadata) must be valid Unicode (no lone surrogates such as ``"\\ud800"``) and
+    JSON-serialisable. Control characters are kept as data.
     """
 
     kind: ClassVar[str] = "memory"
@@ -70,6 +81,11 @@ class HierarchicalMemory(abc.ABC):
     FORMAT_VERSION: ClassVar[int] = 1
     #: the leaves under any node are exactly those whose insertion index lies in its span
     contiguous_spans: ClassVar[bool] = False
+    #: the insertion rule embeds ``Message.render()`` of each message: a multi-message add embeds them
+    #: all (and warms the summariser with them) in one batch first
+    prefetch_messages: ClassVar[bool] = False
+    #: longest accepted message text in characters (instance attribute may override)
+    max_message_chars: int = 100_000
 
     def __init__(
         self,
@@ -78,6 +94,7 @@ class HierarchicalMemory(abc.ABC):
         *,
         summarizer: Summarizer | None = None,
         summary_chars: int = 600,
+        store: str | Path | None = None,
     ) -> None:
         if embedder is None:
             from .models.local import LocalEmbedder
@@ -89,6 +106,10 @@ class HierarchicalMemory(abc.ABC):
             )
         if llm is not None and not hasattr(llm, "complete"):
             raise InvalidInputError(f"llm must have a complete(prompt) method, got {type(llm).__name__}.")
+        if summarizer is not None and not callable(getattr(summarizer, "summarize", None)):
+            raise InvalidInputError(
+                f"summarizer must have a summarize(texts) method, got {type(summarizer).__name__}."
+            )
         self.embedder = embedder
         self.llm = llm
         self.summary_chars = int(summary_chars)
@@ -106,6 +127,9 @@ class HierarchicalMemory(abc.ABC):
         self._tx_vecs: dict[str, np.ndarray] = {}
         self._state_snapshot: Any = None
         self._version = 0  # bumped on every commit; caches key on it
+        self._durable: Any = None  # shared_core.durable.DurableStore when a store is attached
+        if store is not None:
+            self.attach_store(store)
 
     # ------------------------------------------------------------------ hooks for subclasses
     def _default_summarizer(self) -> Summarizer:
@@ -167,18 +191,24 @@ class HierarchicalMemory(abc.ABC):
             call (embedding calls, LLM calls, tokens, seconds).
 
         Raises:
-            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item.
+            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item, a text longer
+                than :attr:`max_message_chars`, a lone surrogate, or metadata that is not JSON.
             EmbeddingError: the embedder returned vectors of the wrong shape or NaN.
             ModelError: a model provider failed after its retries.
+            PersistenceError: the durable store could not commit the change.
 
         Any error leaves the memory exactly as it was before the call (all messages or none).
         """
         messages = as_messages(items)
+        for i, m in enumerate(messages):
+            check_message(m, self.max_message_chars, i)
         t0 = time.perf_counter()
         report = AddReport()
         with self._lock:
             self._begin(report.usage)
             try:
+                if self.prefetch_messages and len(messages) > 1:
+                    self._prefetch(messages, report.usage)
                 for m in messages:
                     report.details.append(self._insert(m, report.usage))
                     report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
@@ -210,6 +240,7 @@ class HierarchicalMemory(abc.ABC):
 
         Raises:
             NodeNotFoundError: no such node or source id.
+            PersistenceError: the durable store could not commit the deletion (nothing is deleted).
         """
         with self._lock:
             if isinstance(key, bool):
@@ -272,6 +303,8 @@ class HierarchicalMemory(abc.ABC):
     def clear(self) -> None:
         """Forget everything (configuration and models are kept)."""
         with self._lock:
+            if self._durable is not None:
+                self._durable.clear(self)
             self._store = NodeStore(self.contiguous_spans)
             self._index = None
             self._lexical = None
@@ -290,6 +323,8 @@ class HierarchicalMemory(abc.ABC):
         self._state_snapshot = copy.deepcopy(self._get_state())
 
     def _commit(self) -> None:
+        if self._durable is not None:  # durable first: a failed write raises and the caller rolls back
+            self._durable.commit(self)
         changed, removed = self._store.commit()
         live = [i for i in changed if self._store.nodes[i].text]
         if self._index is not None or live:
@@ -332,8 +367,7 @@ class HierarchicalMemory(abc.ABC):
         if todo:
             t0 = time.perf_counter()
             raw = self.embedder.embed(todo)
-            dim = self._index.dim if self._index is not None else None
-            vecs = normalize_rows(validate_embeddings(raw, len(todo), dim))
+            vecs = normalize_rows(validate_embeddings(raw, len(todo), self._expected_dim()))
             usage.embed_calls += 1
             usage.embedded_texts += len(todo)
             usage.seconds += time.perf_counter() - t0
@@ -341,6 +375,17 @@ class HierarchicalMemory(abc.ABC):
         if not texts:
             return np.zeros((0, self.dim or 0), dtype=np.float32)
         return np.stack([self._tx_vecs[t] for t in texts])
+
+    def _expected_dim(self) -> int | None:
+        """Width every new vector must have: the index's, else this transaction's, else the embedder's."""
+        if self._index is not None:
+            return self._index.dim
+        if self._tx_vecs:
+            return int(next(iter(self._tx_vecs.values())).shape[0])
+        try:
+            return int(self.embedder.dim)
+        except Exception:
+            return None
 
     def _set_vector(self, nid: int, vec: np.ndarray) -> None:
         """Give node ``nid`` the vector of its current text (written to the index at commit)."""
@@ -363,9 +408,28 @@ class HierarchicalMemory(abc.ABC):
         return self._index.get([nid])[0]
 
     def _vectors(self, nids: Sequence[int]) -> np.ndarray:
+        """Current vectors of several nodes; those that need embedding are embedded in one call."""
         if not nids:
             return np.zeros((0, self.dim or 0), dtype=np.float32)
+        st = self._store
+        stale = []
+        for i in nids:
+            p = self._pending.get(i)
+            if (p is not None and p[0] != st.nodes[i].text) or (p is None and i in st.changed):
+                stale.append(i)
+        if len(stale) > 1:
+            vecs = self._embed([st.nodes[i].text for i in stale], self._tx_usage)
+            for i, v in zip(stale, vecs):
+                self._pending[i] = (st.nodes[i].text, v)
         return np.stack([self._vector(i) for i in nids])
+
+    def _prefetch(self, messages: Sequence[Message], usage: Usage) -> None:
+        """Embed every message's rendered text in one call, and let the summariser prepare for them."""
+        texts = [m.render() for m in messages]
+        self._embed(texts, usage)
+        warm = getattr(self.summarizer, "warm", None)
+        if callable(warm):
+            usage += warm(texts)
 
     def _embed_pending(self, usage: Usage) -> None:
         """Embed, in one call, every node whose text changed in this transaction and has no vector for it."""
@@ -491,6 +555,7 @@ class HierarchicalMemory(abc.ABC):
         """
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be a non-empty string.")
+        _check_unicode(query, "query")
         policy = policy or self.default_policy
         if policy not in self.policies:
             raise UnknownPolicyError(
@@ -506,6 +571,14 @@ class HierarchicalMemory(abc.ABC):
             raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
         if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
             raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+        accepted = inspect.signature(self._retrieve).parameters
+        unknown = sorted(set(params) - set(accepted) - {"query", "policy", "k"})
+        if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            names = ", ".join(n for n in accepted if n not in ("query", "policy", "k"))
+            raise InvalidInputError(
+                f"Unknown retrieval parameter(s) {', '.join(unknown)} for {type(self).__name__}; "
+                f"use k=... for the number of hits; other parameters: {names}."
+            )
         with self._lock:
             if self._store.root is None:
                 return []
@@ -645,6 +718,85 @@ class HierarchicalMemory(abc.ABC):
 
         return load_memory(cls, Path(path), embedder=embedder, llm=llm)
 
+    # ------------------------------------------------------------------ durable store
+    @classmethod
+    def open(
+        cls: type[M],
+        path: str | Path,
+        embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        *,
+        synchronous: str = "FULL",
+        **kwargs: Any,
+    ) -> M:
+        """Open the memory in the durable SQLite store at ``path``, creating it when new.
+
+        A new store is created with ``cls(embedder, llm, **kwargs)``. An existing store is reopened with
+        its stored kind and configuration (``HierarchicalMemory.open`` dispatches on the kind); its node
+        store and FAISS index are rebuilt from the database. From then on every acknowledged ``add`` /
+        ``delete`` / ``clear`` is committed to the store before it returns.
+
+        Args:
+            path: the database file, e.g. ``"memory.sqlite"``.
+            embedder: the embedder (must give the stored dimension); default the local model.
+            llm: the LLM, or ``None``.
+            synchronous: ``"FULL"`` (default: survives power loss), ``"EXTRA"`` or ``"NORMAL"`` (survives
+                a process crash).
+            **kwargs: constructor arguments for a new store; for an existing one, arguments outside the
+                stored configuration (e.g. ``summarizer``); stored values must not be contradicted.
+
+        Returns:
+            The memory, bound to the store (close it with :meth:`close_store`).
+
+        Raises:
+            InvalidInputError: a new store opened through ``HierarchicalMemory`` itself, or an argument
+                that contradicts the stored configuration.
+            PersistenceError: not a hiermem store, corrupt, in use by another process, or another kind.
+            VersionMismatchError: written by another format version.
+
+        References:
+            SQLite "Write-Ahead Logging"; see :mod:`shared_core.durable`.
+        """
+        from .durable import open_memory
+
+        return open_memory(cls, path, embedder=embedder, llm=llm, synchronous=synchronous, **kwargs)
+
+    def attach_store(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+        """Make this memory durable in the SQLite store at ``path``.
+
+        A new (or empty) store receives the whole memory in one transaction; a store that already holds a
+        memory of the same kind and configuration is loaded into this memory, which must be empty.
+
+        Raises:
+            InvalidInputError: a store is already attached.
+            PersistenceError: see :meth:`open`; also both this memory and the store hold a memory.
+        """
+        from .durable import DurableStore, attach_store
+
+        with self._lock:
+            if self._durable is not None:
+                raise InvalidInputError(
+                    f"A store is already attached ({self._durable.path}); call close_store() first."
+                )
+            store = DurableStore(path, synchronous=synchronous)
+            try:
+                attach_store(self, store)
+            except BaseException:
+                store.close()
+                raise
+
+    def close_store(self) -> None:
+        """Close the durable store (the memory stays usable in memory only; idempotent)."""
+        with self._lock:
+            store, self._durable = self._durable, None
+        if store is not None:
+            store.close()
+
+    @property
+    def store_path(self) -> Path | None:
+        """Path of the attached durable store, or ``None``."""
+        return self._durable.path if self._durable is not None else None
+
     def _restore(self, data: dict[str, Any], index: NodeIndex | None) -> None:
         self._store = NodeStore.from_dict(data["tree"], self.contiguous_spans)
         self._set_state(data.get("state") or {})
@@ -655,6 +807,46 @@ class HierarchicalMemory(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(leaves={len(self)}, nodes={len(self._store)})"
+
+
+def _check_unicode(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(
+            f"The {what} contains a lone surrogate code point ({text[e.start]!r}), which is not valid "
+            "Unicode text; decode the input with errors='replace' or remove that character."
+        ) from None
+
+
+def check_message(m: Message, max_chars: int, i: int = 0) -> None:
+    """Check that a message can be stored and saved.
+
+    Args:
+        m: the message.
+        max_chars: longest accepted text in characters.
+        i: its position in the call (for the error message).
+
+    Raises:
+        InvalidInputError: text longer than ``max_chars``; a lone surrogate in any field; metadata that
+            is not JSON-serialisable.
+    """
+    if len(m.text) > max_chars:
+        raise InvalidInputError(
+            f"Item {i}: the message text has {len(m.text):,} characters; the limit is {max_chars:,} "
+            "(max_message_chars). Split long documents into smaller messages (e.g. paragraphs) before "
+            "adding them, or raise max_message_chars on the memory."
+        )
+    try:
+        payload = json.dumps(m.to_dict(), ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(
+            f"Item {i}: the message metadata is not JSON-serialisable ({e}); use str / int / float / bool / "
+            "None / lists / dicts."
+        ) from None
+    except RecursionError:
+        raise InvalidInputError(f"Item {i}: the message metadata is nested too deeply.") from None
+    _check_unicode(payload, f"message (item {i})")
 
 
 def _require_llm(mem: HierarchicalMemory, what: str) -> LLM:

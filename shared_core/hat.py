@@ -26,6 +26,7 @@ import numpy as np
 from .base import HierarchicalMemory
 from .models.base import LLM, Embedder, Summarizer
 from .models.parsing import complete_parsed, parse_label
+from .prompts import fence
 from .prompts import hat as P
 from .tree import TreeInvariantError
 from .types import (
@@ -452,6 +453,7 @@ class HAT(HierarchicalMemory):
         are not aggregated again, so the cost is the aggregation of the groups right of the first
         deleted leaf (O(n / M) at worst) plus O(n) structural work.
         """
+        self._cache.clear()  # forget cached aggregates that may quote the deleted text
         st = self._store
         gone = set(leaves)
         old = self.layers()
@@ -491,7 +493,7 @@ class HAT(HierarchicalMemory):
     @staticmethod
     def _children_key(ids: Sequence[int], texts: Sequence[str]) -> str:
         payload = json.dumps([list(ids), list(texts)], ensure_ascii=False, separators=(",", ":"))
-        return hashlib.blake2b(payload.encode("utf-8"), digest_size=16).hexdigest()
+        return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
     def _flush(self, usage: Usage) -> None:
         """Re-aggregate the touched internal nodes bottom-up, each at most once, through the cache."""
@@ -663,18 +665,21 @@ class HAT(HierarchicalMemory):
             shown = [f"down N (N = 1..{len(kids)})" if a == "down" else a for a in valid]
             children = (
                 "\n".join(
-                    P.AGENT_CHILD.format(i=i, text=_preview(st.nodes[c].text)) for i, c in enumerate(kids, 1)
+                    P.AGENT_CHILD.format(i=i, text=fence(_preview(st.nodes[c].text)))
+                    for i, c in enumerate(kids, 1)
                 )
                 if kids
                 else "(none: this is a leaf)"
             )
             prompt = P.AGENT_USER.format(
-                query=query,
+                query=fence(query),
                 position=self._describe(cur),
-                node=node.text,
+                node=fence(node.text),
                 children=children,
-                left=f"<<< {_preview(st.nodes[left].text)} >>>" if left is not None else P.AGENT_NONE,
-                right=f"<<< {_preview(st.nodes[right].text)} >>>" if right is not None else P.AGENT_NONE,
+                left=f"<<< {fence(_preview(st.nodes[left].text))} >>>" if left is not None else P.AGENT_NONE,
+                right=f"<<< {fence(_preview(st.nodes[right].text))} >>>"
+                if right is not None
+                else P.AGENT_NONE,
                 history=", ".join(actions[-8:]) or "none",
                 steps_left=max_steps - step,
                 actions=", ".join(shown),
@@ -744,7 +749,7 @@ class HAT(HierarchicalMemory):
             asked.add(text)
             res = complete_parsed(
                 self.llm,
-                P.SUFFICIENT_USER.format(query=query, node=text),
+                P.SUFFICIENT_USER.format(query=fence(query), node=fence(text)),
                 lambda t: parse_label(t, ("YES", "NO")),
                 system=P.SUFFICIENT_SYSTEM,
                 max_tokens=3,

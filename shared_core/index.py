@@ -81,7 +81,7 @@ class NodeIndex:
         flat = faiss.downcast_index(self._index.index)
         return faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)
 
-    def _check(self, vecs: np.ndarray, n: int) -> np.ndarray:
+    def _check(self, vecs: np.ndarray, n: int, normalize: bool = True) -> np.ndarray:
         vecs = np.asarray(vecs, dtype=np.float32)
         if vecs.ndim == 1:
             vecs = vecs[None, :]
@@ -89,10 +89,10 @@ class NodeIndex:
             raise EmbeddingError(f"Expected vectors of shape ({n}, {self.dim}), got {vecs.shape}.")
         if not np.isfinite(vecs).all():
             raise EmbeddingError("Vectors contain NaN or infinite values.")
-        return normalize_rows(vecs)
+        return normalize_rows(vecs) if normalize else np.ascontiguousarray(vecs)
 
     # ------------------------------------------------------------------ writing
-    def upsert(self, ids: Sequence[int], vecs: np.ndarray) -> None:
+    def upsert(self, ids: Sequence[int], vecs: np.ndarray, *, normalized: bool = False) -> None:
         """Add new ids and overwrite existing ones.
 
         Args:
@@ -105,7 +105,7 @@ class NodeIndex:
         ids = [int(i) for i in ids]
         if not ids:
             return
-        vecs = self._check(vecs, len(ids))
+        vecs = self._check(vecs, len(ids), normalize=not normalized)
         new_rows: list[int] = []
         mat = self._matrix()
         for j, nid in enumerate(ids):
@@ -214,5 +214,5 @@ class NodeIndex:
         if not np.isfinite(mat).all():
             raise PersistenceError("Vector index holds non-finite values; the save is corrupt.")
         out = cls(dim)
-        out.upsert(ids.tolist(), mat)
+        out.upsert(ids.tolist(), mat, normalized=True)
         return out

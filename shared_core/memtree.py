@@ -27,6 +27,7 @@ import numpy as np
 from .base import HierarchicalMemory
 from .models.base import LLM, Embedder, Summarizer
 from .models.llm_summarizer import LLMSummarizer, render_children
+from .prompts import fence
 from .prompts import memtree as P
 from .types import InvalidInputError, Message, ModelError, Usage, check_finite
 
@@ -92,7 +93,9 @@ class MemTreeAggregator(LLMSummarizer):
                 raise InvalidInputError(f"Text {i} must be a non-empty string.")
         if len(texts) == 2 and not fields.get("rebuild", False):
             entries = int(fields.get("entries", 1))
-            return P.AGGREGATE_USER.format(existing=texts[0].strip(), new=texts[1].strip(), entries=entries)
+            return P.AGGREGATE_USER.format(
+                existing=fence(texts[0].strip()), new=fence(texts[1].strip()), entries=entries
+            )
         entries = int(fields.get("entries", len(texts)))
         return P.REBUILD_USER.format(children=render_children(texts), entries=entries)
 
@@ -236,6 +239,7 @@ class MemTree(HierarchicalMemory):
     """
 
     kind = "memtree"
+    prefetch_messages = True
     policies = ("collapsed", "traversal")
     default_policy = "collapsed"
 

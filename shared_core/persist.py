@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .index import NodeIndex
-from .types import PersistenceError, VersionMismatchError
+from .types import InvalidInputError, PersistenceError, UnknownPolicyError, VersionMismatchError
 
 if TYPE_CHECKING:
     from .base import HierarchicalMemory
@@ -72,7 +72,15 @@ def save_memory(mem: HierarchicalMemory, path: Path) -> Path:
     try:
         data = mem.to_dict()
         data["dim"] = mem.dim
-        _write_file(tmp / _MEMORY, json.dumps(data, ensure_ascii=False).encode("utf-8"))
+        try:
+            text = json.dumps(data, ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            raise PersistenceError(f"The memory holds data that is not JSON-serialisable: {e}") from None
+        try:
+            payload = text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (e.g. in a model's answer): escape them as \uXXXX
+            payload = json.dumps(data, ensure_ascii=True).encode("ascii")
+        _write_file(tmp / _MEMORY, payload)
         if mem._index is not None:
             mem._index.write(tmp / _INDEX)
             with open(tmp / _INDEX, "rb+") as f:
@@ -87,8 +95,11 @@ def save_memory(mem: HierarchicalMemory, path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in path.iterdir():
-        if old.name != name and (old.name.startswith("snapshot-") or old.name.startswith(".snapshot-")):
-            shutil.rmtree(old, ignore_errors=True)
+        if old.name != name and old.name.startswith(("snapshot-", ".snapshot-", f".{_CURRENT}.")):
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
     return path
 
 
@@ -113,8 +124,8 @@ def read_save(path: Path) -> tuple[dict[str, Any], Path]:
     snap = path / name
     try:
         data = json.loads((snap / _MEMORY).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise PersistenceError(f"Cannot read {snap / _MEMORY}: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise PersistenceError(f"Cannot read {snap / _MEMORY}: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict) or not {"format", "kind", "config", "tree"} <= set(data):
         raise PersistenceError(f"{snap / _MEMORY} is not a hiermem memory file.")
     if data["format"] != HierarchicalMemory.FORMAT_VERSION:
@@ -136,13 +147,18 @@ def load_memory(cls: type[M], path: Path, embedder: Embedder | None = None, llm:
     if cls.kind == "memory":  # HierarchicalMemory.load: dispatch on the saved kind
         from . import memory_classes
 
-        cls = memory_classes()[data["kind"]]  # type: ignore[assignment]
+        known = memory_classes()
+        if not isinstance(data["kind"], str) or data["kind"] not in known:
+            raise PersistenceError(
+                f"{path} holds an unknown memory kind {data['kind']!r}; the save is corrupt."
+            )
+        cls = known[data["kind"]]  # type: ignore[assignment]
     config = data["config"]
     if not isinstance(config, dict):
         raise PersistenceError("Saved config is not an object; the save is corrupt.")
     try:
         mem = cls(embedder=embedder, llm=llm, **config)
-    except TypeError as e:
+    except (TypeError, InvalidInputError, UnknownPolicyError) as e:
         raise PersistenceError(f"Saved config does not fit {cls.__name__}: {e}") from None
     dim = data.get("dim")
     index = None

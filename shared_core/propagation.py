@@ -16,17 +16,20 @@ __all__ = ["DIRECTIONS", "propagate", "propagation_matrix"]
 DIRECTIONS = ("top_down", "bottom_up")
 
 
-def propagation_matrix(parent: np.ndarray, direction: str) -> sp.csr_matrix:
-    """The sparse column-normalised binary propagation operator ``W_P``.
+def propagation_matrix(parent: np.ndarray, direction: str, normalize: bool = True) -> sp.csr_matrix:
+    """The sparse propagation operator ``W_P``.
 
-    ``[W_P]_{uv}`` is the probability of moving relevance from node ``v`` to node ``u``:
-    ``top_down`` moves a parent's mass to its children in equal shares (``1/|ch(v)|``);
-    ``bottom_up`` moves a child's whole mass to its parent (``1``). Columns of nodes with nowhere to go
-    (leaves for ``top_down``, the root for ``bottom_up``) are zero.
+    ``[W_P]_{uv}`` is the weight of moving relevance from node ``v`` to node ``u``:
+    ``top_down`` moves a parent's mass to its children, in equal shares (``1/|ch(v)|``, the paper's
+    column-normalised operator) or, with ``normalize=False``, whole to every child (``1``: each child
+    inherits its parent's score); ``bottom_up`` moves a child's whole mass to its parent (``1``).
+    Columns of nodes with nowhere to go (leaves for ``top_down``, the root for ``bottom_up``) are zero.
 
     Args:
         parent: ``int`` array ``(n,)``: position of each node's parent, ``-1`` for a root.
         direction: ``"top_down"`` or ``"bottom_up"``.
+        normalize: column-normalise ``top_down`` (default ``True``, the paper); ignored for ``bottom_up``,
+            whose columns already sum to 1.
 
     Returns:
         ``scipy.sparse.csr_matrix`` of shape ``(n, n)``, ``float64``.
@@ -45,7 +48,8 @@ def propagation_matrix(parent: np.ndarray, direction: str) -> sp.csr_matrix:
         rows, cols, vals = par, child, np.ones(len(child))
     elif direction == "top_down":
         n_children = np.bincount(par, minlength=n).astype(np.float64)
-        rows, cols, vals = child, par, 1.0 / n_children[par]
+        rows, cols = child, par
+        vals = 1.0 / n_children[par] if normalize else np.ones(len(child))
     else:
         raise UnknownPolicyError(f"direction must be one of {DIRECTIONS}, got {direction!r}.")
     return sp.csr_matrix((vals, (rows, cols)), shape=(n, n))

@@ -7,6 +7,7 @@ transaction is open, so a failed insertion can be rolled back exactly (``begin``
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -61,7 +62,7 @@ class Node:
             "is_leaf": self.is_leaf,
             "message": self.message.to_dict() if self.message is not None else None,
             "level": self.level,
-            "data": self.data,
+            "data": copy.deepcopy(self.data),
         }
 
     @classmethod

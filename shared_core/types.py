@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -113,7 +114,9 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable when ``metadata`` is)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["metadata"] = copy.deepcopy(self.metadata)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Message:

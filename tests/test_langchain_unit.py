@@ -366,10 +366,10 @@ def test_save_context_stores_roles_and_speakers():
     m.save_context({"input": "only me"}, {"response": "  "})  # empty AI output is not stored
     hits = m.memory.retrieve("x", k=10, admissible="leaves")
     got = sorted((h.span[0], h.text, h.metadata["role"], h.metadata["speaker"]) for h in hits)
-    assert got == [
-        (0, PAIRS[0][0], "user", "Human"),
-        (1, PAIRS[0][1], "assistant", "AI"),
-        (2, "only me", "user", "Human"),
+    assert got == [  # the core stores and returns a message as "<speaker>: <text>" (Message.render)
+        (0, f"Human: {PAIRS[0][0]}", "user", "Human"),
+        (1, f"AI: {PAIRS[0][1]}", "assistant", "AI"),
+        (2, "Human: only me", "user", "Human"),
     ]
     assert all(h.metadata["timestamp"] for h in hits)
 
@@ -377,7 +377,7 @@ def test_save_context_stores_roles_and_speakers():
 def test_load_memory_variables_is_chronological_text_and_messages():
     m = SegTreeMemory(embedder=DeterministicFakeEmbedding(size=FAKE_DIM), relevance="dense", k=6)
     turns(m, PAIRS)
-    query = PAIRS[2][0]
+    query = f"Human: {PAIRS[2][0]}"  # leaves are stored as "<speaker>: <text>"; fake embeddings hash text
     hits = m.memory.retrieve(query, k=6)
     assert hits[0].text == query and hits[0].span[0] == 4  # best first is not chronological ...
     history = m.load_memory_variables({"input": query})["history"]
@@ -447,8 +447,8 @@ def test_as_retriever_shares_the_core_memory():
     turns(m, PAIRS)
     r = m.as_retriever(k=2)
     assert r.memory is m.memory and r.policy == "collapsed"
-    docs = r.invoke(PAIRS[1][1])
-    assert len(docs) == 2 and docs[0].page_content == PAIRS[1][1]
+    docs = r.invoke(f"AI: {PAIRS[1][1]}")
+    assert len(docs) == 2 and docs[0].page_content == f"AI: {PAIRS[1][1]}"
     assert docs[0].metadata["speaker"] == "AI" and docs[0].metadata["policy"] == "collapsed"
     assert m.as_retriever(policy="bottom_up").policy == "bottom_up"
 
@@ -488,9 +488,9 @@ def test_other_algorithms_as_conversation_memory(cls, module, name):
     m = cls(embedder=DeterministicFakeEmbedding(size=FAKE_DIM))
     assert isinstance(m.memory, getattr(mod, name))
     turns(m, PAIRS)
-    history = m.load_memory_variables({"input": PAIRS[1][0]})["history"]
+    history = m.load_memory_variables({"input": f"Human: {PAIRS[1][0]}"})["history"]
     assert "Ines turns seven" in history  # said at turn 2, found at turn 3
-    docs = m.as_retriever(k=1).invoke(PAIRS[1][0])
+    docs = m.as_retriever(k=1).invoke(f"Human: {PAIRS[1][0]}")
     assert len(docs) == 1 and docs[0].metadata["kind"] == m.memory.kind
     with pytest.raises(InvalidInputError, match=name):
         cls(memory=seg_memory())

@@ -81,6 +81,15 @@ class ExtractiveSummarizer:
                 self._cache.popitem(last=False)
         return out, usage
 
+    def warm(self, texts: Sequence[str]) -> Usage:
+        """Embed, in one call, the sentences of ``texts`` not yet cached (e.g. a batch of new messages).
+
+        Returns:
+            The usage of that call (zero when every sentence was cached).
+        """
+        sentences = [s for t in texts if t and t.strip() for s in split_sentences(t)]
+        return self._vectors(sentences)[1] if sentences else Usage()
+
     def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
         """Summarise ordered child texts.
 

@@ -40,7 +40,9 @@ def render_children(texts: Sequence[str]) -> str:
     References:
         SegTreeMem App. G: child segments are rendered in chronological order.
     """
-    return "\n".join(f"[{i}] {t.strip()}" for i, t in enumerate(texts, start=1))
+    from ..prompts import fence
+
+    return "\n".join(f"[{i}] {fence(t.strip())}" for i, t in enumerate(texts, start=1))
 
 
 def _template_fields(template: str) -> set[str]:

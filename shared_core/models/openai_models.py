@@ -491,6 +491,8 @@ class OpenAIChat:
         try:
             choice = resp.choices[0]
             text = choice.message.content or ""
+            # a lone surrogate from the provider would make every later prompt quoting it unencodable
+            text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
             lps: list[float] | None = None
             if logprobs:
                 content = getattr(getattr(choice, "logprobs", None), "content", None)

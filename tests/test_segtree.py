@@ -1,0 +1,1124 @@
+"""SegTreeMem: Algorithm 1 (online insertion through the rightmost frontier) and Algorithm 2
+(structure-aware retrieval by relevance propagation), checked against the invariants of Sec. 4.1-4.2,
+small cases worked by hand, Appendix C.3's worst case, atomicity and error paths.
+
+Structural tests use a controlled embedder (vectors read off ``topicN`` tags in the text) and scripted
+compatibility decisions; one end-to-end test uses the real local embedder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared_core import SegTreeMem
+from shared_core.base import count_tokens
+from shared_core.index import normalize_rows
+from shared_core.models.extractive import ExtractiveSummarizer
+from shared_core.types import (
+    EmbeddingError,
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    NodeNotFoundError,
+    UnknownPolicyError,
+    Usage,
+)
+
+# --------------------------------------------------------------------------- test models
+
+
+class TopicEmbedder:
+    """Deterministic embedder: component ``N mod (dim-1)`` counts the ``topicN`` tags of a text; text
+    without a tag maps to the last axis. Summaries of several topics get mixed vectors."""
+
+    def __init__(self, dim: int = 8) -> None:
+        self._dim = dim
+        self.calls = 0
+        self.texts: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def vector(self, text: str) -> np.ndarray:
+        v = np.zeros(self._dim, dtype=np.float32)
+        tags = re.findall(r"topic(\d+)", text)
+        if not tags:
+            v[-1] = 1.0
+        for t in tags:
+            v[int(t) % (self._dim - 1)] += 1.0
+        return v
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        self.texts.extend(texts)
+        return np.stack([self.vector(t) for t in texts]) if texts else np.zeros((0, self._dim), np.float32)
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+class FailingEmbedder(TopicEmbedder):
+    """A TopicEmbedder that raises on its ``fail_on``-th call (1-based, counted from creation)."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        super().__init__()
+        self.fail_on = fail_on
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.fail_on is not None and self.calls + 1 == self.fail_on:
+            self.calls += 1
+            raise RuntimeError("embedder down")
+        return super().embed(texts)
+
+
+class ScriptedSegTree(SegTreeMem):
+    """SegTreeMem whose compatibility model C is a callable ``decide(text, candidate_ids) -> ℓ* | None``.
+
+    Like the real model, it is not consulted when there is no candidate (a single-leaf tree).
+    """
+
+    decide: Callable[[str, list[int]], int | None] | None = None
+
+    def __init__(self, *args, decide=None, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.decide = decide
+        self.seen_candidates: list[list[int]] = []
+
+    def _compatibility(self, text, leaf_id, cands, usage):
+        self.seen_candidates.append(list(cands))
+        if not cands:
+            return None
+        assert self.decide is not None
+        ell = self.decide(text, list(cands))
+        assert ell is None or 2 <= ell <= len(cands) + 1
+        return ell
+
+
+def scripted(decisions: Sequence[int | None], **kw) -> ScriptedSegTree:
+    """A memory whose non-trivial compatibility calls answer ``decisions`` in order."""
+    queue = list(decisions)
+    kw.setdefault("embedder", TopicEmbedder())
+    kw.setdefault("relevance", "dense")
+    return ScriptedSegTree(decide=lambda text, cands: queue.pop(0) if queue else None, **kw)
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def dfs_leaves(mem: SegTreeMem) -> list[int]:
+    st_ = mem._store
+    if st_.root is None:
+        return []
+    out, stack = [], [st_.root]
+    while stack:
+        n = st_.nodes[stack.pop()]
+        if n.is_leaf:
+            out.append(n.id)
+        stack.extend(reversed(n.children))
+    return out
+
+
+def check_invariants(mem: SegTreeMem, texts: Sequence[str] | None = None, *, contiguous: bool = True) -> None:
+    """The Segment Tree invariants of Sec. 4.1-4.2 and DESIGN.md, plus index consistency.
+
+    ``contiguous=False`` (after deletions) only asks for increasing, non-overlapping child intervals.
+    """
+    st_ = mem._store
+    st_.check_links()
+    if st_.root is None:
+        assert not st_.nodes
+        assert mem.frontier() == []
+        return
+    depths = st_.depths()
+    assert len(depths) == len(st_.nodes), "every node is reachable from the root"
+    # 1. leaves left -> right = insertion order
+    leaves = dfs_leaves(mem)
+    assert leaves == st_.leaves()
+    idx = [st_.nodes[i].span[0] for i in leaves]
+    assert idx == sorted(idx) and len(set(idx)) == len(idx)
+    if texts is not None:
+        assert [st_.nodes[i].text for i in leaves] == list(texts)
+        if contiguous:
+            assert idx == list(range(len(texts)))
+    for i in leaves:
+        n = st_.nodes[i]
+        assert n.span == (n.span[0], n.span[0]) and n.level == 1 and n.message is not None
+        render = getattr(n.message, "render", None)  # "<speaker>: <text>" when the message has a speaker
+        assert n.text == (render() if render is not None else n.message.text)
+    # 2. every internal interval is the union of its children's, children consecutive
+    for n in st_.nodes.values():
+        assert n.text, f"node {n.id} has no annotation"
+        if n.is_leaf:
+            continue
+        assert n.children, f"internal node {n.id} has no children"
+        ch = [st_.nodes[c] for c in n.children]
+        assert n.span == (ch[0].span[0], ch[-1].span[1])
+        for left, right in zip(ch, ch[1:]):
+            if contiguous:
+                assert left.span[1] + 1 == right.span[0]
+            else:
+                assert left.span[1] < right.span[0]
+        # levelled tree: a node is one level above each of its children
+        assert all(c.level == n.level - 1 for c in ch), f"node {n.id} level {n.level}"
+        # a single-child node carries exactly its child's annotation
+        if len(ch) == 1:
+            assert n.text == ch[0].text
+    # 3. all leaves at one depth; root level = height = leaf depth + 1
+    leaf_depths = {depths[i] for i in leaves}
+    assert len(leaf_depths) == 1
+    root = st_.nodes[st_.root]
+    assert root.level == leaf_depths.pop() + 1 == mem.stats()["height"]
+    # 4. the frontier has one node per level: levels 1..m from the rightmost leaf to the root
+    F = mem.frontier()
+    assert [st_.nodes[f].level for f in F] == list(range(1, len(F) + 1))
+    assert F[0] == leaves[-1] and F[-1] == st_.root
+    last = st_.nodes[leaves[-1]].span[1]
+    assert set(F) == {n.id for n in st_.nodes.values() if n.span[1] == last}, "Eq. (2)"
+    # the leaves under a node (read off its span on this contiguous store) are its subtree's leaves
+    for n in st_.nodes.values():
+        sub = sorted((x.id for x in st_.iter_subtree(n.id) if x.is_leaf), key=lambda i: st_.nodes[i].span[0])
+        assert st_.leaves_under(n.id) == sub
+        ids_ = [st_.nodes[i].message.id for i in sub if st_.nodes[i].message.id is not None]
+        assert st_.source_ids_under(n.id) == list(dict.fromkeys(ids_))
+    # the vector index holds exactly the nodes, each with the vector of its current text
+    assert mem._index is not None
+    assert sorted(mem._index.ids.tolist()) == sorted(st_.nodes)
+    ids = sorted(st_.nodes)
+    ref = TopicEmbedder(mem.embedder.dim) if isinstance(mem.embedder, TopicEmbedder) else mem.embedder
+    want = normalize_rows(ref.embed([st_.nodes[i].text for i in ids]))
+    np.testing.assert_allclose(mem._index.get(ids), want, atol=1e-4)
+
+
+def hit_key(hits):
+    return [(h.node_id, h.text, h.score, h.span, h.depth, h.is_leaf, tuple(h.source_ids)) for h in hits]
+
+
+def tree_of(mem: SegTreeMem) -> dict:
+    d = mem.to_dict()
+    return {"tree": d["tree"], "state": d["state"], "config": d["config"]}
+
+
+# --------------------------------------------------------------------------- property tests
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(1, 40))
+def test_invariants_hold_after_every_insert_for_any_decisions(data, n):
+    choice = lambda text, cands: data.draw(  # noqa: E731
+        st.one_of(st.none(), st.integers(2, len(cands) + 1)), label="decision"
+    )
+    mem = ScriptedSegTree(embedder=TopicEmbedder(), relevance="dense", decide=choice, summary_chars=80)
+    texts = [f"topic{i % 5} utterance {i}." for i in range(n)]
+    for i, t in enumerate(texts):
+        before_frontier = mem.frontier()
+        rep = mem.add(Message(t, id=f"m{i}"))
+        if i:  # C sees F_t minus the leaf, ordered leaf -> root (never called on an empty tree)
+            assert len(mem.seen_candidates) == i and mem.seen_candidates[-1] == before_frontier[1:]
+        check_invariants(mem, texts[: i + 1])
+        ell = rep.details[0]["attach_level"]
+        leaf = rep.leaf_ids[0]
+        # the new leaf hangs under the chosen frontier node (level ℓ*), or under a new root
+        anc = mem._store.ancestors(leaf)
+        if ell is not None:
+            assert before_frontier[ell - 1] in anc
+            assert mem._store.nodes[before_frontier[ell - 1]].level == ell
+        elif before_frontier:
+            assert mem._store.root not in before_frontier
+            assert mem._store.nodes[mem._store.root].children[0] == before_frontier[-1]
+    # node count: leaves plus internal nodes; stats agree with the store
+    s = mem.stats()
+    assert s["nodes"] == len(mem._store.nodes) and s["leaves"] == n
+    assert s["frontier_size"] == s["height"]
+    assert s["nodes"] <= s["worst_case_nodes"] == n * (n + 1) // 2
+    hits = mem.retrieve("topic1 utterance", k=50, policy="top_down", admissible="all")
+    assert len({h.text for h in hits}) == len(hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(2, 30), k=st.integers(1, 6))
+def test_retrieve_returns_k_distinct_texts_when_they_exist(data, n, k):
+    choice = lambda text, cands: data.draw(  # noqa: E731
+        st.one_of(st.none(), st.integers(2, len(cands) + 1)), label="decision"
+    )
+    mem = ScriptedSegTree(embedder=TopicEmbedder(), relevance="dense", decide=choice)
+    mem.add([f"topic{data.draw(st.integers(0, 3), label='topic')} utterance {i}." for i in range(n)])
+    policy = data.draw(st.sampled_from(["collapsed", "top_down", "bottom_up"]))
+    for admissible in ("all", "leaves"):
+        hits = mem.retrieve("topic1", k=k, policy=policy, admissible=admissible)
+        pool = [x for x in mem._store.nodes.values() if admissible == "all" or x.is_leaf]
+        assert len({h.text for h in hits}) == len(hits)
+        assert len(hits) == min(k, len({x.text for x in pool}))
+
+
+def test_long_chains_do_not_starve_top_k():
+    # All-NONE insertions (App. C.3) build chains of single-child copies; the three last utterances
+    # share a topic, so their chains (11, 10 and 9 copies of one text) fill the top of the ranking.
+    texts = [f"topic{2 + i % 5} message {i}." for i in range(9)] + [f"topic1 late {i}." for i in range(9, 12)]
+    mem = scripted([None] * 11, admissible="all")
+    mem.add(texts)
+    for k in (1, 2, 3, 4):
+        hits = mem.retrieve("topic1", k=k, policy="collapsed")
+        assert len(hits) == k
+    assert {h.text for h in mem.retrieve("topic1", k=3, policy="collapsed")} == {
+        "topic1 late 9.",
+        "topic1 late 10.",
+        "topic1 late 11.",
+    }
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    topics=st.lists(st.integers(0, 3), min_size=1, max_size=14),
+    cut=st.integers(0, 14),
+    threshold=st.sampled_from([0.3, 0.6, 0.9]),
+)
+def test_batched_add_equals_one_by_one(topics, cut, threshold):
+    texts = [f"topic{t} note {i}." for i, t in enumerate(topics)]
+    one = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=threshold, summary_chars=60)
+    for t in texts:
+        one.add(t)
+    two = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=threshold, summary_chars=60)
+    two.add(texts[:cut] or texts)
+    if cut and cut < len(texts):
+        two.add(texts[cut:])
+    assert tree_of(one) == tree_of(two)
+    ids = sorted(one._store.nodes)
+    np.testing.assert_array_equal(one._index.get(ids), two._index.get(ids))
+    check_invariants(two, texts)
+
+
+# --------------------------------------------------------------------------- Algorithm 1 by hand
+
+
+def test_algorithm1_worked_by_hand():
+    """Seven utterances x0..x6; C answers NONE, 2, 3, NONE, 2 for x2..x6 (x1 has no candidate: NONE).
+
+    Worked on paper (node ids in creation order, levels L, spans [l, r]):
+      x0: leaf 0 is the tree.
+      x1: F=(0), m=1, NONE: new root 2 (L2) with children (0, 1).
+      x2: F=(1, 2), m=2, NONE: new root 4 (L3) = (2, chain 5 (L2) over leaf 3).
+      x3: F=(3, 5, 4), ℓ*=2: leaf 6 becomes the rightmost child of 5.
+      x4: F=(6, 5, 4), ℓ*=3: chain 8 (L2) over leaf 7, rightmost child of 4.
+      x5: F=(7, 8, 4), m=3, NONE: new root 10 (L4) = (4, chain 12 (L3) over 11 (L2) over leaf 9).
+      x6: F=(9, 11, 12, 10), ℓ*=2: leaf 13 becomes the rightmost child of 11.
+    """
+    texts = [f"topic{t} x{i}." for i, t in enumerate([1, 1, 2, 2, 3, 4, 4])]
+    mem = scripted([None, 2, 3, None, 2], summary_chars=600)
+    reports = [mem.add(Message(t, id=f"x{i}")) for i, t in enumerate(texts)]
+    assert [r.leaf_ids[0] for r in reports] == [0, 1, 3, 6, 7, 9, 13]
+    assert [r.details[0]["attach_level"] for r in reports] == [None, None, None, 2, 3, None, 2]
+    assert [r.details[0]["decision"] for r in reports] == [
+        "first",
+        "none",
+        "none",
+        "merge_2",
+        "merge_3",
+        "none",
+        "merge_2",
+    ]
+    assert mem.seen_candidates == [[], [2], [5, 4], [5, 4], [8, 4], [11, 12, 10]]
+    expected = {  # id: (parent, children, level, span)
+        10: (None, [4, 12], 4, (0, 6)),
+        4: (10, [2, 5, 8], 3, (0, 4)),
+        12: (10, [11], 3, (5, 6)),
+        2: (4, [0, 1], 2, (0, 1)),
+        5: (4, [3, 6], 2, (2, 3)),
+        8: (4, [7], 2, (4, 4)),
+        11: (12, [9, 13], 2, (5, 6)),
+        0: (2, [], 1, (0, 0)),
+        1: (2, [], 1, (1, 1)),
+        3: (5, [], 1, (2, 2)),
+        6: (5, [], 1, (3, 3)),
+        7: (8, [], 1, (4, 4)),
+        9: (11, [], 1, (5, 5)),
+        13: (11, [], 1, (6, 6)),
+    }
+    st_ = mem._store
+    assert st_.root == 10
+    got = {i: (n.parent, n.children, n.level, n.span) for i, n in st_.nodes.items()}
+    assert got == expected
+    assert mem.frontier() == [13, 11, 12, 10]
+    # annotations: single-child nodes copy their child; others summarise their children in order
+    assert st_.nodes[8].text == texts[4]
+    assert st_.nodes[12].text == st_.nodes[11].text == f"{texts[5]} {texts[6]}"
+    assert st_.nodes[5].text == f"{texts[2]} {texts[3]}"
+    assert st_.nodes[4].text == " ".join(texts[:5])
+    assert st_.nodes[10].text == " ".join(texts)
+    check_invariants(mem, texts)
+    s = mem.stats()
+    assert (s["nodes"], s["leaves"], s["internal_nodes"], s["height"]) == (14, 7, 7, 4)
+    assert (s["max_depth"], s["mean_depth"], s["chain_nodes"]) == (3, 3.0, 2)
+    assert s["mean_branching"] == pytest.approx(13 / 7)
+    assert s["decisions"] == {"none": 3, "merge_2": 2, "merge_3": 1}
+    # hits report depth, span and the source ids of the leaves below
+    h = mem.hit(4)
+    assert (h.depth, h.span, h.is_leaf, h.source_ids) == (1, (0, 4), False, ["x0", "x1", "x2", "x3", "x4"])
+    assert h.metadata["level"] == 3
+    h = mem.hit(13)
+    assert (h.depth, h.span, h.is_leaf, h.source_ids, h.text) == (3, (6, 6), True, ["x6"], texts[6])
+
+
+def test_extractive_annotations_keep_chronological_order():
+    """Over the length budget, an annotation is a subsequence of its children's sentences, in order."""
+    from shared_core.models.extractive import split_sentences
+
+    mem = scripted([2, None, 2, 3, 2, 3], summary_chars=90)
+    texts = [
+        f"Alpha{i} topic{i % 3} spoke first. Beta{i} topic{(i + 1) % 3} answered then." for i in range(8)
+    ]
+    mem.add(texts)
+    st_ = mem._store
+    checked = 0
+    for n in st_.nodes.values():
+        if len(n.children) < 2:
+            continue
+        pool = [x for c in n.children for x in split_sentences(st_.nodes[c].text)]
+        got = split_sentences(n.text)
+        assert len(n.text) <= 90 and got
+        pos = [pool.index(x) for x in got]
+        assert pos == sorted(pos), n.text
+        checked += len(got) > 1
+    assert checked >= 2
+    check_invariants(mem, texts)
+
+
+def test_worst_case_all_none_is_quadratic():
+    T = 10
+    mem = scripted([None] * (T - 1), summary_chars=60)
+    texts = [f"topic{i % 7} turn {i}." for i in range(T)]
+    for t in texts:
+        mem.add(t)
+    check_invariants(mem, texts)
+    s = mem.stats()
+    assert s["nodes"] == T * (T + 1) // 2 == s["worst_case_nodes"] == 55
+    assert s["height"] == T and s["max_depth"] == T - 1 and s["frontier_size"] == T
+    assert s["chain_nodes"] == (T - 2) * (T - 1) // 2  # the t-th insert adds a chain of t-2 nodes
+    assert s["mean_branching"] == pytest.approx((2 * (T - 1) + (T - 2) * (T - 1) // 2) / (s["nodes"] - T))
+    assert s["decisions"] == {"none": T - 1}
+
+
+# --------------------------------------------------------------------------- cosine compatibility
+
+
+def test_cosine_compatibility_threshold_and_best_level():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=0.5)
+    r = mem.add(["topic1 one.", "topic1 two.", "topic1 three."])
+    # x1 has no candidate -> new root; x2: the root (all topic1, cos 1) is compatible -> ℓ* = 2
+    assert [d["attach_level"] for d in r.details] == [None, None, 2]
+    root = mem._store.root
+    assert len(mem._store.nodes[root].children) == 3
+    # a new topic: cos 0 < 0.5 -> NONE, new root (level 3) over the old root and a chain
+    r = mem.add("topic2 elsewhere.")
+    assert r.details[0]["attach_level"] is None and r.details[0]["decision"] == "none"
+    assert mem._store.nodes[mem._store.root].children[0] == root
+    F = mem.frontier()
+    # candidates now: the chain (topic2, cos 0 with topic1) and the root (3 x topic1 + topic2:
+    # cos 3/sqrt(10) = 0.95) -> ℓ* = 3, attached under the root through a new chain node
+    r = mem.add("topic1 back again.")
+    assert r.details[0]["attach_level"] == 3
+    leaf = r.leaf_ids[0]
+    chain = mem._store.nodes[leaf].parent
+    assert mem._store.nodes[chain].parent == F[2] and mem._store.nodes[chain].children == [leaf]
+    # candidates: the new chain node (topic1, cos 1) and the root (cos 0.9x) -> ℓ* = 2
+    r = mem.add("topic1 more.")
+    assert r.details[0]["attach_level"] == 2
+    assert mem._store.nodes[chain].children == [leaf, r.leaf_ids[0]]
+    check_invariants(
+        mem,
+        [
+            "topic1 one.",
+            "topic1 two.",
+            "topic1 three.",
+            "topic2 elsewhere.",
+            "topic1 back again.",
+            "topic1 more.",
+        ],
+    )
+
+
+def test_cosine_threshold_is_inclusive_and_strict_threshold_always_splits():
+    same = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.0)
+    r = same.add(["topic3 a.", "topic3 b.", "topic3 c."])
+    assert r.details[2]["attach_level"] == 2  # cos exactly 1 >= 1
+    never = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.01)
+    texts = [f"topic3 t{i}." for i in range(5)]
+    never.add(texts)
+    assert never.stats()["nodes"] == 15 and never.stats()["decisions"] == {"none": 4}
+    check_invariants(never, texts)
+
+
+# --------------------------------------------------------------------------- Algorithm 2 by hand
+
+
+def _vec(first: float, rest: float, n_rest: int, dim: int = 18) -> np.ndarray:
+    v = np.zeros(dim, dtype=np.float32)
+    v[0] = first
+    v[1 : 1 + n_rest] = rest
+    return v
+
+
+class LookupEmbedder:
+    """Exact vectors per text (dyadic components, so every cosine below is exact in float32)."""
+
+    dim = 18
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        self.table = table
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        default = np.eye(self.dim, dtype=np.float32)[16]
+        return np.stack([self.table.get(t, default) for t in texts])
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+class BracketSummarizer:
+    """Annotation S(children) = ``"S(" + ",".join(children) + ")"``."""
+
+    def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
+        return "S(" + ",".join(texts) + ")", Usage()
+
+    async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
+        return self.summarize(texts)
+
+
+@pytest.fixture
+def figure3() -> ScriptedSegTree:
+    """The tree R(P(a, b), C(c, d)) with local relevances chosen by hand.
+
+    Built by Algorithm 1 with C = NONE, NONE, ℓ*=2: ids a=0, b=1, P=2, c=3, R=4, C=5, d=6.
+    Query "q" is e0; relevance r = max(cos, 0):
+        a: e1 -> 0      b: 3/4      P: 1/2      c: 1/4      R: 1/4      C: 1/4      d: cos -1/2 -> 0
+    Σr = 2, so s0 = (a 0, b 3/8, P 1/4, c 1/8, R 1/8, C 1/8, d 0).
+    """
+    table = {
+        "q": np.eye(18, dtype=np.float32)[0],
+        "nothing": np.eye(18, dtype=np.float32)[17],  # orthogonal to every node
+        "a": np.eye(18, dtype=np.float32)[1],
+        "b": _vec(0.75, 0.25, 7),
+        "S(a,b)": _vec(0.5, 0.5, 3),
+        "c": _vec(0.25, 0.25, 15),
+        "S(c,d)": _vec(0.25, 0.25, 15),
+        "S(S(a,b),S(c,d))": _vec(0.25, 0.25, 15),
+        "d": _vec(-0.5, 0.5, 3),
+    }
+    mem = scripted(
+        [None, 2],
+        embedder=LookupEmbedder(table),
+        summarizer=BracketSummarizer(),
+        k=10,
+        alpha=0.1,
+        top_down_weights="share",  # the paper's column-normalised operator
+    )
+    mem.add(["a", "b", "c", "d"])
+    st_ = mem._store
+    assert st_.root == 4
+    assert {i: (n.text, n.children) for i, n in st_.nodes.items()} == {
+        0: ("a", []),
+        1: ("b", []),
+        2: ("S(a,b)", [0, 1]),
+        3: ("c", []),
+        4: ("S(S(a,b),S(c,d))", [2, 5]),
+        5: ("S(c,d)", [3, 6]),
+        6: ("d", []),
+    }
+    return mem
+
+
+A, B, P_, C_, R_, CC, D = 0, 1, 2, 3, 4, 5, 6  # node ids of figure3
+
+
+def _scores(mem, query="q", **kw) -> dict[int, float]:
+    ids, s = mem.scores(query, **kw)
+    assert len(ids) == 7
+    return dict(zip(ids.tolist(), s.tolist()))
+
+
+def _assert_scores(got: dict[int, float], want: dict[int, float]) -> None:
+    assert set(got) == set(want)
+    for nid in want:
+        assert got[nid] == pytest.approx(want[nid], abs=1e-9), nid
+
+
+S0 = {A: 0.0, B: 0.375, P_: 0.25, C_: 0.125, R_: 0.125, CC: 0.125, D: 0.0}
+
+
+def test_figure3_collapsed_is_s0(figure3):
+    _assert_scores(_scores(figure3, policy="collapsed"), S0)
+    _assert_scores(_scores(figure3, policy="top_down", horizon=0), S0)
+    _assert_scores(_scores(figure3, policy="bottom_up", horizon=0), S0)
+    _assert_scores(_scores(figure3, policy="bottom_up", alpha=0.0, horizon=2), S0)
+    hits = figure3.retrieve("q", k=7, policy="collapsed", admissible="all")
+    # ties (c, R, C at 1/8; a, d at 0) are broken by node id
+    assert [h.node_id for h in hits] == [B, P_, C_, R_, CC, A, D]
+    assert [h.score for h in hits] == [0.375, 0.25, 0.125, 0.125, 0.125, 0.0, 0.0]
+
+
+def test_figure3_top_down_by_hand(figure3):
+    # W: a parent's mass goes to its children in equal shares.
+    # s1 = (R 0, P s0(R)/2 = 1/16, C 1/16, a s0(P)/2 = 1/8, b 1/8, c s0(C)/2 = 1/16, d 1/16)
+    # s2 = (R 0, P 0, C 0, a s1(P)/2 = 1/32, b 1/32, c s1(C)/2 = 1/32, d 1/32)
+    h1 = {
+        R_: 0.125 / 1.1,
+        P_: (0.25 + 0.1 * 0.0625) / 1.1,
+        CC: (0.125 + 0.1 * 0.0625) / 1.1,
+        A: (0.0 + 0.1 * 0.125) / 1.1,
+        B: (0.375 + 0.1 * 0.125) / 1.1,
+        C_: (0.125 + 0.1 * 0.0625) / 1.1,
+        D: (0.0 + 0.1 * 0.0625) / 1.1,
+    }
+    _assert_scores(_scores(figure3, policy="top_down", alpha=0.1, horizon=1), h1)
+    h2 = {
+        R_: 0.125 / 1.11,
+        P_: (0.25 + 0.1 * 0.0625) / 1.11,
+        CC: (0.125 + 0.1 * 0.0625) / 1.11,
+        A: (0.0 + 0.1 * 0.125 + 0.01 * 0.03125) / 1.11,
+        B: (0.375 + 0.1 * 0.125 + 0.01 * 0.03125) / 1.11,
+        C_: (0.125 + 0.1 * 0.0625 + 0.01 * 0.03125) / 1.11,
+        D: (0.0 + 0.1 * 0.0625 + 0.01 * 0.03125) / 1.11,
+    }
+    assert h2[B] == pytest.approx(0.34938063063063063, abs=1e-15)
+    got = _scores(figure3, policy="top_down", alpha=0.1, horizon=2)
+    _assert_scores(got, h2)
+    _assert_scores(_scores(figure3, policy="top_down"), h2)  # defaults α = 0.1, H = 2
+    # Top-K over the admissible set: all nodes vs leaves only
+    all_hits = figure3.retrieve("q", k=4, policy="top_down", admissible="all")
+    assert [h.node_id for h in all_hits] == [B, P_, C_, CC]  # c (0.118525) just beats C (0.118243)
+    assert [h.score for h in all_hits] == pytest.approx([h2[B], h2[P_], h2[C_], h2[CC]], abs=1e-9)
+    leaf_hits = figure3.retrieve("q", k=4, policy="top_down", admissible="leaves")
+    assert [h.node_id for h in leaf_hits] == [B, C_, A, D]
+    assert all(h.is_leaf for h in leaf_hits)
+    assert [h.node_id for h in figure3.retrieve("q", k=2, policy="top_down")] == [B, C_]  # default leaves
+
+
+def test_figure3_top_down_inherit_by_hand(figure3):
+    # top_down_weights="inherit": every child receives its parent's whole mass.
+    # s1 = (R 0, P s0(R) = 1/8, C 1/8, a s0(P) = 1/4, b 1/4, c s0(C) = 1/8, d 1/8)
+    # s2 = (R 0, P 0, C 0, a s1(P) = 1/8, b 1/8, c s1(C) = 1/8, d 1/8)
+    figure3.top_down_weights = "inherit"
+    figure3._W_cache = {}
+    h2 = {
+        R_: 0.125 / 1.11,
+        P_: (0.25 + 0.1 * 0.125) / 1.11,
+        CC: (0.125 + 0.1 * 0.125) / 1.11,
+        A: (0.0 + 0.1 * 0.25 + 0.01 * 0.125) / 1.11,
+        B: (0.375 + 0.1 * 0.25 + 0.01 * 0.125) / 1.11,
+        C_: (0.125 + 0.1 * 0.125 + 0.01 * 0.125) / 1.11,
+        D: (0.0 + 0.1 * 0.125 + 0.01 * 0.125) / 1.11,
+    }
+    _assert_scores(_scores(figure3, policy="top_down", alpha=0.1, horizon=2), h2)
+    # the leaves' order differs from "share": a (0.0236) now beats d (0.0124) by more, c stays above a
+    leaf_hits = figure3.retrieve("q", k=4, policy="top_down", alpha=0.1, horizon=2, admissible="leaves")
+    assert [h.node_id for h in leaf_hits] == [B, C_, A, D]
+
+
+def test_figure3_bottom_up_by_hand(figure3):
+    # W: a child's whole mass goes to its parent.
+    # s1 = (R s0(P)+s0(C) = 3/8, P s0(a)+s0(b) = 3/8, C s0(c)+s0(d) = 1/8, leaves 0)
+    # s2 = (R s1(P)+s1(C) = 1/2, everything else 0)
+    h1 = {
+        R_: (0.125 + 0.1 * 0.375) / 1.1,
+        P_: (0.25 + 0.1 * 0.375) / 1.1,
+        CC: (0.125 + 0.1 * 0.125) / 1.1,
+        A: 0.0,
+        B: 0.375 / 1.1,
+        C_: 0.125 / 1.1,
+        D: 0.0,
+    }
+    _assert_scores(_scores(figure3, policy="bottom_up", alpha=0.1, horizon=1), h1)
+    h2 = {
+        R_: (0.125 + 0.1 * 0.375 + 0.01 * 0.5) / 1.11,
+        P_: (0.25 + 0.1 * 0.375) / 1.11,
+        CC: (0.125 + 0.1 * 0.125) / 1.11,
+        A: 0.0,
+        B: 0.375 / 1.11,
+        C_: 0.125 / 1.11,
+        D: 0.0,
+    }
+    _assert_scores(_scores(figure3, policy="bottom_up", alpha=0.1, horizon=2), h2)
+    hits = figure3.retrieve("q", k=5, policy="bottom_up", admissible="all", horizon=2)
+    assert [h.node_id for h in hits] == [B, P_, R_, CC, C_]
+    hits = figure3.retrieve("q", k=5, policy="bottom_up", admissible="leaves", horizon=2)
+    assert [h.node_id for h in hits] == [B, C_, A, D]
+
+
+def test_figure3_all_relevances_zero_gives_uniform_start(figure3):
+    # Σr = 0: s0 falls back to the uniform distribution 1/|V| = 1/7 (Algorithm 2, line 6, undefined).
+    u = 1 / 7
+    _assert_scores(_scores(figure3, query="nothing", policy="collapsed"), dict.fromkeys(range(7), u))
+    # top_down, H=1: s1 = (R 0, every other node 1/14)
+    td = {n: (u + 0.1 / 14) / 1.1 for n in range(7)}
+    td[R_] = u / 1.1
+    _assert_scores(_scores(figure3, query="nothing", policy="top_down", horizon=1), td)
+    # bottom_up, H=1: s1 = (R 2/7, P 2/7, C 2/7, leaves 0)
+    bu = {n: u / 1.1 for n in range(7)}
+    for n in (R_, P_, CC):
+        bu[n] = (u + 0.1 * 2 / 7) / 1.1
+    _assert_scores(_scores(figure3, query="nothing", policy="bottom_up", horizon=1), bu)
+    hits = figure3.retrieve("nothing", k=2, policy="collapsed")
+    assert [h.node_id for h in hits] == [A, B]  # all tied: lowest ids first
+
+
+# --------------------------------------------------------------------------- atomicity
+
+
+def _build(embedder, **kw) -> SegTreeMem:
+    mem = SegTreeMem(embedder=embedder, relevance="dense", summary_chars=60, **kw)
+    mem.add([Message(f"topic{i % 3} early {i}. More words here {i}.", id=f"e{i}") for i in range(5)])
+    return mem
+
+
+NEW = [Message(f"topic{t} late {i}. Another sentence {i}.", id=f"l{i}") for i, t in enumerate([0, 0, 4, 1])]
+QUERIES = [
+    ("topic0", "top_down", "all"),
+    ("topic1 late", "bottom_up", "leaves"),
+    ("topic4", "collapsed", "all"),
+]
+
+
+def _observe(mem: SegTreeMem):
+    hits = [hit_key(mem.retrieve(q, k=5, policy=p, admissible=a)) for q, p, a in QUERIES]
+    return mem.to_dict(), hits, len(mem._index), len(mem)
+
+
+def _calls_of_add(items) -> int:
+    emb = TopicEmbedder()
+    mem = _build(emb)
+    before = emb.calls
+    mem.add(items)
+    return emb.calls - before
+
+
+def test_failing_embedder_leaves_memory_unchanged():
+    total = _calls_of_add(NEW)
+    assert total >= 3  # the leaves, the summariser's sentences and the new annotations
+    reference = _build(TopicEmbedder())
+    reference.add(NEW)
+    for n in range(1, total + 1):
+        emb = FailingEmbedder()
+        mem = _build(emb)
+        before = _observe(mem)
+        emb.fail_on = emb.calls + n
+        with pytest.raises(RuntimeError, match="embedder down"):
+            mem.add(NEW)
+        assert _observe(mem) == before, f"failure at call {n} changed the memory"
+        # the memory keeps working and ends up exactly where a memory that never failed is
+        mem.add(NEW)
+        assert tree_of(mem) == tree_of(reference)
+        check_invariants(mem)
+
+
+def test_failing_first_add_leaves_memory_empty():
+    emb = FailingEmbedder(fail_on=2)
+    mem = SegTreeMem(embedder=emb, relevance="dense")
+    empty = mem.to_dict()
+    with pytest.raises(RuntimeError):
+        mem.add(["topic1 a.", "topic1 b.", "topic2 c."])
+    assert mem.to_dict() == empty and len(mem) == 0
+    assert mem.retrieve("topic1") == []
+    mem.add(["topic1 a."])
+    check_invariants(mem, ["topic1 a."])
+
+
+class FailingSummarizer(ExtractiveSummarizer):
+    def __init__(self, embedder, fail_on: int) -> None:
+        super().__init__(embedder, max_chars=60)
+        self.fail_on = fail_on
+        self.n = 0
+
+    def summarize(self, texts, **fields):
+        self.n += 1
+        if self.n == self.fail_on:
+            raise RuntimeError("summariser down")
+        return super().summarize(texts, **fields)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_failing_summarizer_leaves_memory_unchanged(n):
+    emb = TopicEmbedder()
+    summ = FailingSummarizer(emb, fail_on=10**9)
+    mem = SegTreeMem(embedder=emb, relevance="dense", summarizer=summ)
+    mem.add([f"topic{i % 3} early {i}." for i in range(5)])
+    before = _observe(mem)
+    n0 = summ.n
+    summ.fail_on = n0 + n
+    with pytest.raises(RuntimeError, match="summariser down"):
+        mem.add([m.text for m in NEW])
+    assert summ.n == n0 + n  # the add really reached its n-th annotation
+    assert _observe(mem) == before
+    mem.add([m.text for m in NEW])
+    check_invariants(mem)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("bad", ["", "   ", None, 5, ["ok", ""], ["ok", None], ["ok", 7], {"text": "x"}, []])
+def test_bad_messages_add_nothing(bad):
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    mem.add("topic1 first.")
+    before = _observe(mem)
+    emb_calls = mem.embedder.calls
+    with pytest.raises(InvalidInputError):
+        mem.add(bad)
+    assert _observe(mem) == before
+    assert mem.embedder.calls == emb_calls + 3  # only the queries of _observe, no embedding of "ok"
+
+
+class BadVectors(TopicEmbedder):
+    """Returns broken vectors for any batch containing the word ``poison``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def embed(self, texts):
+        out = super().embed(texts)
+        if not any("poison" in t for t in texts):
+            return out
+        if self.how == "nan":
+            out[0, 0] = np.nan
+        elif self.how == "inf":
+            out[-1, 1] = np.inf
+        elif self.how == "rows":
+            out = np.vstack([out, out[:1]])
+        elif self.how == "width":
+            out = out[:, :5]
+        elif self.how == "flat":
+            out = out.reshape(-1)
+        elif self.how == "strings":
+            out = [["x"] * self.dim for _ in texts]
+        return out
+
+
+@pytest.mark.parametrize("how", ["nan", "inf", "rows", "width", "flat", "strings"])
+def test_broken_vectors_raise_embedding_error_and_change_nothing(how):
+    mem = SegTreeMem(embedder=BadVectors(how), relevance="dense")
+    mem.add(["topic1 a.", "topic1 b."])
+    before = _observe(mem)
+    with pytest.raises(EmbeddingError):
+        mem.add(["topic2 fine.", "topic2 poison here."])
+    assert _observe(mem) == before
+    with pytest.raises(EmbeddingError):
+        mem.retrieve("poison query", policy="collapsed")
+
+
+def test_inconsistent_widths_inside_the_first_add_raise_embedding_error():
+    class Shrinking(TopicEmbedder):  # 8-d vectors on the first call, 5-d afterwards
+        def embed(self, texts):
+            out = super().embed(texts)
+            return out if self.calls == 1 else out[:, :5]
+
+    mem = SegTreeMem(embedder=Shrinking(), relevance="dense")
+    empty = mem.to_dict()
+    with pytest.raises(EmbeddingError):
+        mem.add(["topic1 a.", "topic2 b.", "topic3 c."])
+    assert mem.to_dict() == empty and len(mem) == 0
+
+
+def test_vectors_must_have_the_embedder_declared_dim():
+    class Liar(TopicEmbedder):  # says 16, gives 8
+        @property
+        def dim(self) -> int:
+            return 16
+
+    mem = SegTreeMem(embedder=Liar(), relevance="dense")
+    with pytest.raises(EmbeddingError):
+        mem.add("topic1 a.")
+    assert len(mem) == 0
+
+
+def test_constructor_rejects_bad_options():
+    emb = TopicEmbedder()
+    for kw in ({"relevance": "sparse"}, {"compat": "magic"}, {"admissible": "roots"}):
+        with pytest.raises(UnknownPolicyError):
+            SegTreeMem(embedder=emb, **kw)
+    for kw in (
+        {"alpha": 1.0},
+        {"alpha": -0.01},
+        {"alpha": float("nan")},
+        {"horizon": -1},
+        {"horizon": 1.5},
+        {"horizon": True},
+        {"k": 0},
+        {"k": True},
+        {"threshold": float("nan")},
+    ):
+        with pytest.raises(InvalidInputError):
+            SegTreeMem(embedder=emb, **kw)
+    for compat in ("batch_llm", "pointwise_llm"):
+        with pytest.raises(LLMRequiredError):
+            SegTreeMem(embedder=emb, compat=compat)
+    with pytest.raises(InvalidInputError):
+        SegTreeMem(embedder=object())
+
+
+def test_constructor_rejects_out_of_range_hybrid_weight():
+    for w in (-0.1, 1.5, float("nan")):
+        with pytest.raises(InvalidInputError):
+            SegTreeMem(embedder=TopicEmbedder(), hybrid_weight=w)
+
+
+def test_clear_forgets_everything_and_the_memory_keeps_working():
+    mem, texts = _hand_tree()
+    mem.retrieve("topic1", policy="top_down")  # fills the propagation caches
+    mem.clear()
+    assert len(mem) == 0 and mem.retrieve("topic1") == [] and mem.frontier() == []
+    assert mem.stats()["decisions"] == {} and mem.stats()["nodes"] == 0
+    mem.add([Message(t, id=f"y{i}") for i, t in enumerate(texts[:3])])
+    check_invariants(mem, texts[:3])
+    hits = mem.retrieve("topic2", k=3, policy="top_down", admissible="all")
+    assert hits and all(h.node_id in mem._store.nodes for h in hits)
+    assert hits[0].source_ids == ["y2"]
+
+
+def test_retrieve_rejects_bad_parameters():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    mem.add(["topic1 a.", "topic2 b."])
+    with pytest.raises(UnknownPolicyError):
+        mem.retrieve("q", policy="sideways")
+    with pytest.raises(UnknownPolicyError):
+        mem.scores("q", policy="sideways")
+    with pytest.raises(UnknownPolicyError):
+        mem.retrieve("q", relevance="sparse")
+    with pytest.raises(UnknownPolicyError):
+        mem.retrieve("q", admissible="roots")
+    for kw in (
+        {"alpha": 1.0},
+        {"alpha": -0.5},
+        {"horizon": -1},
+        {"horizon": 0.5},
+        {"k": 0},
+        {"k": -3},
+        {"k": 2.5},
+        {"k": True},
+        {"max_tokens": 0},
+        {"hybrid_weight": 1.5},
+    ):
+        with pytest.raises(InvalidInputError):
+            mem.retrieve("topic1", **kw)
+    for q in ("", "   ", None, 3):
+        with pytest.raises(InvalidInputError):
+            mem.retrieve(q)
+    with pytest.raises(InvalidInputError):  # a misspelt parameter is a typed error, not a TypeError
+        mem.retrieve("topic1", top_k=3)
+
+
+def test_max_tokens_budget_is_respected():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", admissible="all")
+    texts = [f"topic1 {'word ' * (3 + i)}end {i}." for i in range(8)]
+    mem.add(texts)
+    unbounded = mem.retrieve("topic1", k=20, policy="top_down")
+    for budget in (5, 12, 30, 80):
+        hits = mem.retrieve("topic1", k=20, policy="top_down", max_tokens=budget)
+        assert sum(count_tokens(h.text) for h in hits) <= budget
+        # greedy in rank order: every skipped hit would have overflowed the budget at its turn
+        used = 0
+        chosen = {h.node_id for h in hits}
+        for h in unbounded:
+            t = count_tokens(h.text)
+            if h.node_id in chosen:
+                used += t
+            else:
+                assert used + t > budget
+    assert count_tokens("one two three") > 0
+    # a budget the best hit fits exactly: it must be returned
+    exact = count_tokens(unbounded[0].text)
+    hits = mem.retrieve("topic1", k=20, policy="top_down", max_tokens=exact)
+    assert hits[0].node_id == unbounded[0].node_id
+
+
+def test_empty_memory_retrieves_nothing():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    assert mem.retrieve("anything") == []
+    assert mem.frontier() == []
+    s = mem.stats()
+    assert (s["nodes"], s["leaves"], s["height"], s["worst_case_nodes"]) == (0, 0, 0, 0)
+
+
+def test_scores_follow_structure_changes(tmp_path):
+    """Cached propagation operators must not outlive the tree they were built for."""
+    mem, _ = _hand_tree()
+    for policy in ("top_down", "bottom_up"):
+        mem.retrieve("topic4", policy=policy, admissible="all")  # caches W for 14 nodes
+    mem.delete("x0")  # the first row of the index goes: every later row moves
+    mem.decide = lambda text, cands: 2
+    mem.add(Message("topic4 replacement.", id="x7"))  # back to 14 nodes, another tree
+    assert len(mem._store.nodes) == 14
+    mem.save(tmp_path / "s")
+    fresh = ScriptedSegTree.load(tmp_path / "s", embedder=TopicEmbedder())
+    for policy in ("top_down", "bottom_up"):
+        for q in ("topic4", "topic1", "topic2"):
+            a_ids, a = mem.scores(q, policy)
+            b_ids, b = fresh.scores(q, policy)
+            got, want = dict(zip(a_ids.tolist(), a.tolist())), dict(zip(b_ids.tolist(), b.tolist()))
+            assert got.keys() == want.keys()
+            for nid in want:
+                assert got[nid] == pytest.approx(want[nid], abs=1e-6)
+            for admissible in ("all", "leaves"):
+                x = mem.retrieve(q, k=5, policy=policy, admissible=admissible)
+                y = fresh.retrieve(q, k=5, policy=policy, admissible=admissible)
+                assert [h.node_id for h in x] == [h.node_id for h in y]
+
+
+# --------------------------------------------------------------------------- deletion
+
+
+def _hand_tree() -> tuple[ScriptedSegTree, list[str]]:
+    texts = [f"topic{t} x{i}." for i, t in enumerate([1, 1, 2, 2, 3, 4, 4])]
+    mem = scripted([None, 2, 3, None, 2])
+    for i, t in enumerate(texts):
+        mem.add(Message(t, id=f"x{i}"))
+    return mem, texts
+
+
+def _assert_forgotten(mem: SegTreeMem, text: str, source_id: str | None = None) -> None:
+    assert all(text not in n.text for n in mem._store.nodes.values())
+    for policy in ("collapsed", "top_down", "bottom_up"):
+        for admissible in ("all", "leaves"):
+            for q in (text, "topic1", "topic3"):
+                hits = mem.retrieve(q, k=50, policy=policy, admissible=admissible)
+                assert all(text not in h.text for h in hits)
+                assert all(source_id not in h.source_ids for h in hits)
+                assert len({h.text for h in hits}) == len(hits)
+
+
+@pytest.mark.parametrize("victim", range(7))
+def test_delete_each_leaf_by_source_id(victim):
+    mem, texts = _hand_tree()
+    assert mem.delete(f"x{victim}") == 1
+    assert len(mem) == 6 and f"x{victim}" not in mem._store.by_source
+    check_invariants(mem, [t for i, t in enumerate(texts) if i != victim], contiguous=False)
+    _assert_forgotten(mem, texts[victim], f"x{victim}")
+    # the tree still grows correctly after the deletion
+    mem.add(Message("topic4 after.", id="y"))
+    check_invariants(mem, contiguous=False)
+    assert mem._store.nodes[mem.frontier()[0]].text == "topic4 after."
+
+
+def test_delete_by_node_id_and_subtree():
+    mem, texts = _hand_tree()
+    assert mem.delete(7) == 1  # leaf x4 under the chain node 8: the chain goes too
+    assert 7 not in mem._store and 8 not in mem._store
+    assert mem._store.nodes[4].children == [2, 5]
+    assert mem._store.nodes[4].span == (0, 3)
+    _assert_forgotten(mem, texts[4])
+    assert mem.delete(5) == 2  # internal node: its leaves x2, x3
+    assert mem._store.nodes[4].children == [2]
+    assert mem._store.nodes[4].text == mem._store.nodes[2].text  # single child: copies it
+    check_invariants(mem, [texts[i] for i in (0, 1, 5, 6)], contiguous=False)
+    for i in (2, 3):
+        _assert_forgotten(mem, texts[i])
+    assert mem.delete(mem._store.root) == 4
+    assert len(mem) == 0 and mem._store.nodes == {} and mem.retrieve("topic1") == []
+    mem.add(["topic1 again.", "topic1 and again."])
+    check_invariants(mem)
+
+
+def test_delete_unknown_ids():
+    mem, _ = _hand_tree()
+    before = _observe(mem)
+    for key in (999, "nope", -1, "13"):
+        with pytest.raises(NodeNotFoundError):
+            mem.delete(key)
+    with pytest.raises(InvalidInputError):
+        mem.delete(True)
+    assert _observe(mem) == before
+
+
+def test_delete_shared_source_id_removes_every_leaf():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    mem.add([Message("topic1 a.", id="s"), Message("topic2 b.", id="t"), Message("topic1 c.", id="s")])
+    assert mem.delete("s") == 2
+    assert [mem._store.nodes[i].text for i in mem._store.leaves()] == ["topic2 b."]
+    check_invariants(mem, contiguous=False)
+
+
+def test_failed_delete_rolls_back():
+    emb = TopicEmbedder()
+    summ = FailingSummarizer(emb, fail_on=10**9)
+    mem = SegTreeMem(embedder=emb, relevance="dense", summarizer=summ)
+    mem.add([Message(f"topic{i} m{i}.", id=f"m{i}") for i in range(6)])
+    before = _observe(mem)
+    summ.fail_on = summ.n + 1
+    with pytest.raises(RuntimeError):
+        mem.delete("m2")
+    assert _observe(mem) == before
+
+
+# --------------------------------------------------------------------------- async, threads
+
+
+async def test_aadd_and_aretrieve_in_a_running_loop():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    rep = await mem.aadd(["topic1 a.", "topic2 b.", "topic1 c."])
+    assert len(rep.leaf_ids) == 3
+    hits = await mem.aretrieve("topic2", k=1, policy="collapsed")
+    assert [h.text for h in hits] == ["topic2 b."]
+    hits = await mem.aretrieve("topic1", 2, "top_down", admissible="leaves")
+    assert {h.text for h in hits} == {"topic1 a.", "topic1 c."}
+
+
+async def test_sync_calls_inside_a_running_loop():
+    asyncio.get_running_loop()
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    mem.add(["topic1 a.", "topic2 b."])
+    assert [h.text for h in mem.retrieve("topic2", k=1)] == ["topic2 b."]
+
+
+async def test_concurrent_aadds_are_atomic_batches():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", summary_chars=60)
+    batches = [[f"topic{b} batch{b} item{i}." for i in range(3)] for b in range(5)]
+    await asyncio.gather(*(mem.aadd(b) for b in batches))
+    order = [mem._store.nodes[i].text for i in mem._store.leaves()]
+    assert sorted(order) == sorted(t for b in batches for t in b)
+    for b in batches:  # each batch's messages are consecutive, in their order
+        start = order.index(b[0])
+        assert order[start : start + 3] == b
+    check_invariants(mem, order)
+
+
+# --------------------------------------------------------------------------- real embedder, lexical
+
+
+def test_end_to_end_with_the_local_embedder(local_embedder):
+    mem = SegTreeMem(embedder=local_embedder, relevance="dense")
+    texts = [
+        "I adopted a dog last week, her name is Luna.",
+        "Luna loves chasing tennis balls in the park.",
+        "My sister is moving to Berlin in March for a new job.",
+        "She will work as an architect at a large firm there.",
+        "I started learning to play the piano this winter.",
+        "My piano teacher says I should practise scales every day.",
+    ]
+    rep = mem.add([Message(t, id=f"d{i}") for i, t in enumerate(texts)])
+    assert rep.usage.embed_calls >= 1 and rep.usage.embedded_texts >= len(texts)
+    check_invariants(mem, texts)
+    hits = mem.retrieve("What is the name of my dog?", k=2, policy="collapsed")
+    assert hits[0].source_ids == ["d0"]
+    hits = mem.retrieve("Where is my sister moving?", k=3, policy="top_down", admissible="leaves")
+    assert hits[0].source_ids == ["d2"]
+    hits = mem.retrieve("piano practice", k=2, policy="bottom_up", admissible="leaves")
+    assert {h.source_ids[0] for h in hits} == {"d4", "d5"}
+
+
+def test_bm25_and_hybrid_relevance():
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="hybrid")
+    mem.add(["topic1 the dog is called Luna.", "topic2 my sister lives in Berlin.", "topic3 piano lessons."])
+    hits = mem.retrieve("Berlin", k=1, policy="collapsed", relevance="bm25")
+    assert hits[0].text == "topic2 my sister lives in Berlin."
+    ids, r = mem.relevance("Luna", kind="bm25")
+    best = int(ids[int(np.argmax(r))])
+    assert mem._store.nodes[best].is_leaf and "Luna" in mem._store.nodes[best].text
+    hits = mem.retrieve("Luna topic1", k=1, policy="collapsed")  # default: hybrid
+    assert "Luna" in hits[0].text
