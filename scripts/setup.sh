@@ -10,6 +10,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
+# Debian's Chromium and ChromeDriver for the browser test of the HTML viewer (skipped when absent).
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && ! command -v chromedriver >/dev/null 2>&1; then
+  echo "installing chromium and chromium-driver (Debian packages) for the browser test"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+    || echo "could not install chromium; the browser test will be skipped"
+fi
 stamp="$VENV/.hiermem-install-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

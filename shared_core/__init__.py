@@ -1,6 +1,6 @@
 """hiermem core: hierarchical long-term memories for LLM applications, framework-neutral.
 
-Memories: :class:`SegTreeMem`, :class:`MemTree`, :class:`HAT` (more as they land).
+Memories: :class:`SegTreeMem`, :class:`MemTree`, :class:`HAT`, :class:`XMemory`.
 Models: :class:`LocalEmbedder` (embedded default),
 :class:`OpenAIEmbedder`, :class:`OpenAIChat`, :class:`ExtractiveSummarizer`, :class:`LLMSummarizer`.
 """
@@ -29,6 +29,7 @@ from .types import (
     Usage,
     VersionMismatchError,
 )
+from .xmemory import XMemory
 
 if TYPE_CHECKING:
     from .models.extractive import ExtractiveSummarizer
@@ -62,6 +63,7 @@ __all__ = [
     "UnknownPolicyError",
     "Usage",
     "VersionMismatchError",
+    "XMemory",
     "memory_classes",
 ]
 
@@ -84,4 +86,4 @@ def __getattr__(name: str) -> Any:  # model classes load their heavy dependencie
 
 def memory_classes() -> dict[str, type[HierarchicalMemory]]:
     """Memory classes by their ``kind`` (the name stored in saves)."""
-    return {cls.kind: cls for cls in (SegTreeMem, MemTree, HAT)}
+    return {cls.kind: cls for cls in (SegTreeMem, MemTree, HAT, XMemory)}

@@ -102,6 +102,8 @@ def demo(
             when = h.metadata.get("timestamp") or dates.get(h.source_ids[0] if h.source_ids else "", "")
             ok = "[green]✓[/green]" if set(h.source_ids) & set(q.evidence) else " "
             text = h.text.replace("\n", " ")
+            if text.startswith(f"{who}: "):  # leaves are stored as "<speaker>: <text>"
+                text = text[len(who) + 2 :]
             console.print(
                 f"  {ok} {h.score:.4f}  {who} · {when}: {text[:160]}{'…' if len(text) > 160 else ''}"
             )
@@ -136,6 +138,51 @@ def demo(
     )
     console.print(f"wrote {out / 'demo_results.md'}, {out / 'demo_results.json'} and {png}")
     console.print(f"done in {time.perf_counter() - t_start:.1f} s")
+
+
+@app.command()
+def viz(
+    path: Path = typer.Argument(..., help="Directory of a memory saved with .save() (any memory kind)."),
+    query: str | None = typer.Option(
+        None, "--query", "-q", help="Shade the nodes by their relevance to this query (needs the embedder)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="HTML file to write (default: the save's path with '.html' appended)."
+    ),
+    png: Path | None = typer.Option(None, "--png", help="Also write a PNG of the tree's shape here."),
+    x: str = typer.Option("index", "--x", help="PNG x axis: 'index' (leaf rank) or 'time' (timestamps)."),
+) -> None:
+    """Render a saved memory as a self-contained HTML page (click a node to read it), optionally a PNG.
+
+    The save is loaded with ``HierarchicalMemory.load``, which picks the class from the saved kind, with
+    the embedded local embedder (used only to score ``--query``). Exit code 1 when the save cannot be
+    read or an option is invalid.
+    """
+    from rich.markup import escape
+
+    from .base import HierarchicalMemory
+    from .types import HierMemError
+    from .viz import plot_tree_shape, render_html
+
+    try:
+        mem = HierarchicalMemory.load(path)
+    except HierMemError as e:
+        console.print(f"[red]cannot load {escape(str(path))}:[/red] {escape(str(e))}")
+        raise typer.Exit(1) from None
+    html_path = out if out is not None else path.with_name(path.name + ".html")
+    try:
+        if png is not None:
+            png = plot_tree_shape(mem, png, x=x)
+        html_path = render_html(mem, html_path, query=query)
+    except HierMemError as e:
+        console.print(f"[red]cannot render {escape(str(path))}:[/red] {escape(str(e))}")
+        raise typer.Exit(1) from None
+    s = mem.stats()
+    console.print(
+        f"{type(mem).__name__}: {s['leaves']} leaves, {s['nodes']} nodes, depth {s['max_depth']}; "
+        f"wrote {html_path}" + (f" and {png}" if png is not None else ""),
+        markup=False,
+    )
 
 
 def main() -> None:  # pragma: no cover

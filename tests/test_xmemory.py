@@ -1,0 +1,835 @@
+"""xMemory: the sparsity-semantics objective (Eq. 1-3) on hand-computed partitions, guided split/merge,
+greedy representative selection (Eq. 4) on a hand-built graph, Stage II uncertainty-gated inclusion with
+scripted log-probabilities, the LLM construction path (boundary / episode / semantic prompts, malformed
+JSON falling back to the rule), atomicity, the episode partition invariants (hypothesis) and an LLM-free
+end-to-end run with the real local embedder.
+
+Structural tests use controlled embedders: ``TableEmbedder`` returns fixed vectors for known texts (a
+hashed unit vector otherwise) and ``BowEmbedder`` sums hashed word vectors.
+"""
+# ruff: noqa: F811  (pytest fixtures are passed as parameters named like the imported fixture)
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared_core.base import count_tokens
+from shared_core.models.openai_models import OpenAIChat
+from shared_core.prompts import xmemory as P
+from shared_core.types import (
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    ModelError,
+    UnknownPolicyError,
+    Usage,
+)
+from shared_core.xmemory import (
+    KNNGraph,
+    XMemory,
+    bell_regularizer,
+    candidate_splits,
+    central_facts,
+    extract_facts_rule,
+    greedy_representatives,
+    mean_nll,
+    parse_timestamp,
+    partition_objective,
+    query_terms,
+    sem_score,
+    sparsity_score,
+    theme_cohesion,
+)
+from tests.openai_server import Reply, openai_server  # noqa: F401
+
+# --------------------------------------------------------------------------- test models
+
+
+def _hash_unit(text: str, dim: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    v = np.random.default_rng(seed).standard_normal(dim)
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+class TableEmbedder:
+    """Fixed vectors for known texts; a deterministic hashed unit vector for any other text."""
+
+    def __init__(self, table: dict[str, Sequence[float]] | None = None, dim: int = 4) -> None:
+        self.table = {k: np.asarray(v, dtype=np.float32) for k, v in (table or {}).items()}
+        self._dim = dim
+        self.calls = 0
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        rows = [self.table.get(t) for t in texts]
+        return np.stack([r if r is not None else _hash_unit(t, self._dim) for r, t in zip(rows, texts)])
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+class BowEmbedder:
+    """Sum of hashed word vectors: texts sharing words are similar."""
+
+    dim = 32
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = []
+        for t in texts:
+            v = np.zeros(self.dim, dtype=np.float32)
+            for w in re.findall(r"[a-z]+", t.lower()):
+                v += _hash_unit(w, self.dim)
+            out.append(v if np.linalg.norm(v) > 0 else _hash_unit(t, self.dim))
+        return np.stack(out)
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+class FailingSummarizer:
+    """A theme summariser that fails while ``fail`` is set, else joins the texts."""
+
+    def __init__(self) -> None:
+        self.fail = True
+        self.calls = 0
+
+    def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("summariser down")
+        return " | ".join(texts), Usage()
+
+    async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
+        return self.summarize(texts)
+
+
+def _unit(*xs: float) -> list[float]:
+    v = np.asarray(xs, dtype=np.float64)
+    return list(v / np.linalg.norm(v))
+
+
+def snapshot(mem: XMemory) -> dict:
+    """A detached copy of ``to_dict()`` (its node data dicts are the live ones)."""
+    return json.loads(json.dumps(mem.to_dict()))
+
+
+def levels(mem: XMemory, level: int) -> list[int]:
+    return sorted(i for i, n in mem._store.nodes.items() if n.level == level and not n.is_leaf)
+
+
+def check_invariants(mem: XMemory) -> None:
+    """Every live message is in exactly one episode; episodes are contiguous and in order; links agree."""
+    s = mem._store
+    s.check_links()
+    leaves = s.leaves()
+    episodes = levels(mem, 1)
+    for lid in leaves:
+        assert s.nodes[s.nodes[lid].parent].level == 1
+    blocks = []
+    for e in episodes:
+        kids = s.nodes[e].children
+        assert kids, "an episode without messages survived"
+        assert all(s.nodes[c].is_leaf for c in kids)
+        assert [s.nodes[c].span[0] for c in kids] == sorted(s.nodes[c].span[0] for c in kids)
+        blocks.append(kids)
+    blocks.sort(key=lambda b: s.nodes[b[0]].span[0])
+    assert [c for b in blocks for c in b] == leaves  # contiguous blocks, in order, covering all messages
+    open_eps = [e for e in episodes if s.nodes[e].data.get("open")]
+    assert len(open_eps) <= 1
+    if open_eps:
+        assert open_eps[0] == mem._open
+        assert s.nodes[open_eps[0]].children[-1] == leaves[-1]
+    sems = set(levels(mem, 2))
+    for e in episodes:
+        linked = s.nodes[e].data.get("semantics", [])
+        for sid in linked:
+            assert e in s.nodes[sid].data["episodes"]
+        parent = s.nodes[e].parent
+        assert parent == s.root if not linked else parent == linked[0]
+    for sid in sems:
+        assert s.nodes[s.nodes[sid].parent].level == 3
+        for e in s.nodes[sid].data["episodes"]:
+            assert sid in s.nodes[e].data["semantics"]
+    for t in levels(mem, 3):
+        assert 1 <= len(s.nodes[t].children) <= mem.theme_size_cap or not mem.split
+
+    def union(spans):
+        spans = list(spans)
+        return (min(a for a, _ in spans), max(b for _, b in spans))
+
+    for sid in sems:  # a semantic spans all its episodes; themes and the root span their children
+        assert s.nodes[sid].span == union(s.nodes[e].span for e in s.nodes[sid].data["episodes"])
+    for nid in [*levels(mem, 1), *levels(mem, 3), s.root]:
+        assert s.nodes[nid].span == union(s.nodes[c].span for c in s.nodes[nid].children)
+
+
+# --------------------------------------------------------------------------- Eq. 1-3 by hand
+
+
+def test_sparsity_score_by_hand():
+    assert sparsity_score([2, 2]) == pytest.approx(1.0)  # 16 / (2 * 8)
+    assert sparsity_score([2, 1, 1]) == pytest.approx(8 / 9)  # 16 / (3 * 6)
+    assert sparsity_score([3, 1]) == pytest.approx(0.8)  # 16 / (2 * 10)
+    assert sparsity_score([12]) == pytest.approx(1.0)
+    with pytest.raises(InvalidInputError):
+        sparsity_score([])
+    with pytest.raises(InvalidInputError):
+        sparsity_score([2, 0])
+
+
+def test_partition_objective_by_hand():
+    e1, e2, c = [1.0, 0.0], [0.0, 1.0], [0.6, 0.8]
+    # two tight themes of two: sparsity 1; cohesion 1 each; K=2 so s_1 = s_2 = 0, MAD 0, g = 1 -> f = 2
+    assert partition_objective(np.array([e1, e1, e2, e2]), [0, 0, 1, 1]) == pytest.approx(2.0)
+    # sizes (2, 1, 1): sparsity 8/9; s = (0.6, 0.8, 0.8), m = 0.8, MAD = 0, sigma = eps = 0.01,
+    # g = (exp(-0.04 / 0.0002), 1, 1) = (e^-200, 1, 1); SemScore = (e^-200 + 2) / 3 -> f = 8/9 + 2/3
+    f = partition_objective(np.array([e1, e1, e2, c]), [0, 0, 1, 2])
+    assert f == pytest.approx(8 / 9 + (math.exp(-200) + 2) / 3, abs=1e-12)
+    assert f == pytest.approx(14 / 9, abs=1e-12)
+    # one theme {e1, c}: centroid (0.8, 0.4); cos to both members = 0.8 / sqrt(0.8) = 2 / sqrt(5);
+    # K = 1: sparsity 1, g = 1 -> f = 1 + 2 / sqrt(5)
+    assert partition_objective(np.array([e1, c]), ["a", "a"]) == pytest.approx(1 + 2 / math.sqrt(5))
+    # four singletons at 0, 30, 90, 180 degrees: s = (sqrt3/2, sqrt3/2, 1/2, 0), m = (1 + sqrt3) / 4,
+    # |s - m| = (d, d, d, (1 + sqrt3) / 4) with d = (sqrt3 - 1) / 4, MAD = d, sigma = d + 0.01
+    ang = np.radians([0, 30, 90, 180])
+    X = np.stack([np.cos(ang), np.sin(ang)], axis=1)
+    d = (math.sqrt(3) - 1) / 4
+    sigma = d + 0.01
+    g1 = math.exp(-(d**2) / (2 * sigma**2))
+    g4 = math.exp(-(((1 + math.sqrt(3)) / 4) ** 2) / (2 * sigma**2))
+    assert partition_objective(X, [0, 1, 2, 3]) == pytest.approx(1 + (3 * g1 + g4) / 4, abs=1e-12)
+    with pytest.raises(InvalidInputError):
+        partition_objective(X, [0, 1])
+
+
+def test_bell_regularizer_and_sem_score_pieces():
+    g = bell_regularizer([0.6, 0.8, 0.8], eps=0.01)
+    assert g[1] == g[2] == 1.0
+    assert g[0] == pytest.approx(math.exp(-200), rel=1e-9)
+    # a wider MAD: s = (0.2, 0.4, 0.6): m = 0.4, MAD = 0.2, sigma = 0.21
+    g = bell_regularizer([0.2, 0.4, 0.6], eps=0.01)
+    assert g == pytest.approx([math.exp(-0.04 / (2 * 0.21**2)), 1.0, math.exp(-0.04 / (2 * 0.21**2))])
+    coh, mu = theme_cohesion(np.array([[1.0, 0.0], [0.6, 0.8]]))
+    assert coh == pytest.approx(2 / math.sqrt(5))
+    assert mu == pytest.approx([0.8, 0.4])
+    assert sem_score([0.5], np.array([[1.0, 0.0]])) == 0.5  # one theme: g = 1
+    with pytest.raises(InvalidInputError):
+        bell_regularizer([])
+    with pytest.raises(InvalidInputError):
+        bell_regularizer([0.1], eps=0.0)
+
+
+# --------------------------------------------------------------------------- Eq. 4 by hand
+
+GRAPH = {
+    1: {2: 0.5, 99: 0.9},  # 99 is not a candidate: ignored
+    2: {1: 0.5, 3: 0.4},
+    3: {2: 0.4, 5: -0.2},  # a non-positive edge is not an edge
+    4: {5: 0.5},
+    5: {4: 0.5},
+}
+REL = {1: 0.9, 2: 0.6, 3: 0.3, 4: 0.8, 5: 0.45}
+
+
+def test_greedy_representatives_by_hand():
+    # s~ = rel / 0.9; Z = max(1 + sum w) = 1.9 (node 2). Step 1: node 2 scores 0.7 * 1.9/1.9 + 0.3 * 2/3
+    # = 0.9 > node 1 (0.7 * 1.5/1.9 + 0.3 = 0.8526) > node 4 (0.8193); covered {1,2,3} = 0.6 < 0.8.
+    # Step 2: nodes 1 and 3 add no coverage; node 4 covers {4,5}: 0.7 * 1.5/1.9 + 0.3 * 0.8/0.9.
+    got = greedy_representatives([1, 2, 3, 4, 5], REL, GRAPH, alpha=0.7, coverage=0.8, budget=5)
+    assert [i for i, _ in got] == [2, 4]
+    assert got[0][1] == pytest.approx(0.9)
+    assert got[1][1] == pytest.approx(0.7 * 1.5 / 1.9 + 0.3 * 0.8 / 0.9)
+    # relevance only (alpha = 0): 1 then 4; covered {1,2,4,5} = 0.8 reaches the target
+    assert [i for i, _ in greedy_representatives([1, 2, 3, 4, 5], REL, GRAPH, alpha=0.0)] == [1, 4]
+    # a budget of one, or a target the first pick already reaches
+    assert [i for i, _ in greedy_representatives([1, 2, 3, 4, 5], REL, GRAPH, budget=1)] == [2]
+    assert [i for i, _ in greedy_representatives([1, 2, 3, 4, 5], REL, GRAPH, coverage=0.6)] == [2]
+    # full coverage without a budget bound selects until everything is covered
+    full = greedy_representatives([1, 2, 3, 4, 5], REL, GRAPH, coverage=1.0, budget=5)
+    assert [i for i, _ in full] == [2, 4]
+    assert greedy_representatives([], REL, GRAPH) == []
+    for bad in ({"alpha": 1.5}, {"coverage": 0.0}, {"budget": 0}):
+        with pytest.raises(InvalidInputError):
+            greedy_representatives([1], REL, GRAPH, **bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(2, 25),
+    k=st.integers(1, 5),
+    ops=st.lists(st.tuples(st.sampled_from(["add", "move", "drop"]), st.integers(0, 10**6)), max_size=12),
+    seed=st.integers(0, 10**6),
+)
+def test_knn_graph_incremental_equals_rebuild(n, k, ops, seed):
+    rng = np.random.default_rng(seed)
+    vecs = {i: rng.standard_normal(6) for i in range(n)}
+
+    def mat(ids):
+        M = np.stack([vecs[i] for i in ids])
+        return M / np.linalg.norm(M, axis=1, keepdims=True)
+
+    g = KNNGraph(k)
+    ids = sorted(vecs)
+    g.rebuild(ids, mat(ids))
+    nxt = n
+    for op, r in ops:
+        ids = sorted(vecs)
+        if op == "add":
+            vecs[nxt] = rng.standard_normal(6)
+            ids = sorted(vecs)
+            g.upsert(ids, mat(ids), [nxt])
+            nxt += 1
+        elif op == "move":
+            j = ids[r % len(ids)]
+            vecs[j] = rng.standard_normal(6)
+            g.upsert(ids, mat(ids), [j])
+        elif len(ids) > 2:
+            j = ids[r % len(ids)]
+            del vecs[j]
+            ids = sorted(vecs)
+            g.remove([j], ids, mat(ids))
+    ref = KNNGraph(k)
+    ids = sorted(vecs)
+    ref.rebuild(ids, mat(ids))
+    assert set(g.rows) == set(ref.rows)
+    for i in ids:
+        assert set(g.rows[i]) == set(ref.rows[i])
+        for j, w in ref.rows[i].items():
+            assert g.rows[i][j] == pytest.approx(w)
+
+
+# --------------------------------------------------------------------------- guided split and merge
+
+A1, A2, A3 = _unit(1, 0, 0.4, 0), _unit(1, 0, -0.4, 0), _unit(1, 0, 0, 0.4)
+B1, B2 = _unit(0, 1, 0.4, 0), _unit(0, 1, -0.4, 0)
+FACT = {
+    "A1": "I keep bees in the garden.",
+    "A2": "I sell honey at the market.",
+    "A3": "I built three new hives.",
+    "B1": "I play chess every Sunday.",
+    "B2": "I won the city chess cup.",
+}
+VEC = {"A1": A1, "A2": A2, "A3": A3, "B1": B1, "B2": B2}
+
+
+def _fact_memory(**kw) -> XMemory:
+    table = {FACT[k]: VEC[k] for k in FACT}
+    kw.setdefault("attach_threshold", -1.0)
+    kw.setdefault("dedup_threshold", 0.99)
+    return XMemory(embedder=TableEmbedder(table), **kw)
+
+
+def _theme_groups(mem: XMemory) -> list[set[str]]:
+    s = mem._store
+    inv = {v: k for k, v in FACT.items()}
+    return sorted(
+        ({inv[s.nodes[c].text] for c in s.nodes[t].children} for t in levels(mem, 3)), key=lambda g: sorted(g)
+    )
+
+
+def test_split_chooses_the_partition_that_maximises_f():
+    mem = _fact_memory(theme_size_cap=4, merge=False)
+    # one message, five facts: all attach to the first theme (attach threshold -1), 5 > cap -> split
+    mem.add(Message(" ".join(FACT[k] for k in ("A1", "B1", "A2", "B2", "A3"))))
+    mem.flush()
+    assert _theme_groups(mem) == [{"A1", "A2", "A3"}, {"B1", "B2"}]
+    # it is the best candidate by f(P), and better than a lopsided split
+    X = np.array([VEC[k] for k in ("A1", "B1", "A2", "B2", "A3")])
+    cands = candidate_splits(X)
+    fs = [partition_objective(X, lab) for lab in cands]
+    clean = partition_objective(X, [0, 1, 0, 1, 0])
+    assert clean == pytest.approx(max(fs))
+    assert clean > partition_objective(X, [0, 0, 0, 0, 1])
+    stats = mem.stats()
+    assert stats["counts"]["theme_splits"] == 1
+    assert stats["reassignment_ratio"] == pytest.approx(2 / 5)  # the smaller part moved
+    assert stats["objective"] == pytest.approx(clean)
+    check_invariants(mem)
+
+
+def test_merge_chooses_the_target_that_maximises_f():
+    mem = _fact_memory(attach_threshold=0.99, merge=False, tiny_theme_size=1)
+    for k in ("A1", "A3", "B1"):  # three singleton themes (no cosine reaches 0.99)
+        mem.add(Message(FACT[k]))
+        mem.flush()
+    assert len(levels(mem, 3)) == 3
+    mem.merge = True
+    mem.merge_threshold = 0.0  # A1 (cos 0.72 with A2) and A3 (0.86) qualify; B1 (negative) does not
+    mem.add(Message(FACT["A2"]))
+    mem.flush()
+    groups = _theme_groups(mem)
+    X = np.array([A1, A3, B1, A2])
+    f_into_a3 = partition_objective(X, [0, 1, 2, 1])
+    f_into_a1 = partition_objective(X, [0, 1, 2, 0])
+    best = {"A3", "A2"} if f_into_a3 > f_into_a1 else {"A1", "A2"}
+    assert best in groups and len(groups) == 3
+    assert mem.stats()["counts"]["theme_merges"] == 1
+    assert mem.reassignment_ratio() == pytest.approx(1 / 4)
+    check_invariants(mem)
+
+
+# --------------------------------------------------------------------------- Stage II with logprobs
+
+Q = "Which place did I visit first?"
+VISITS = [f"I visited place {n}. It rained." for n in ("one", "two", "three", "four")]
+
+
+def _visit_memory(reader: OpenAIChat) -> XMemory:
+    # near-identical fact vectors (pairwise cosine > 0.98) merge into one semantic linked to the four
+    # episodes; their cosines to the query decrease, so the episode priority is one, two, three, four
+    table: dict[str, list[float]] = {Q: _unit(1, 0, 0, 0)}
+    for a, text in zip((0.5, 0.45, 0.4, 0.35), VISITS):
+        table[text] = _unit(a, 1, 0, 0)  # the message and its (LLM-free) episode
+        table[text.split(". ")[0] + "."] = _unit(0.3, 1, a, 0)  # the fact: its first sentence
+    mem = XMemory(embedder=TableEmbedder(table), reader=reader, dedup_threshold=0.9)
+    for text in VISITS:
+        mem.add(Message(text))
+        mem.flush()
+    return mem
+
+
+def test_stage_two_includes_only_uncertainty_reducing_episodes_and_stops_early(openai_server):
+    reader = OpenAIChat("test-model", base_url=openai_server.base_url, api_key="test", max_retries=0)
+    mem = _visit_memory(reader)
+    assert len(levels(mem, 2)) == 1 and len(levels(mem, 1)) == 4
+    openai_server.script_chat(
+        Reply("place one", logprobs=[-2.0, -2.0]),  # coarse context: NLL 2.0
+        Reply("place one", logprobs=[-1.0, -1.0]),  # + episode one: 1.0 -> included
+        Reply("place one", logprobs=[-1.5]),  # + episode two: 1.5 -> not included (1st miss)
+        Reply("place one", logprobs=[-1.2]),  # + episode three: 1.2 -> not included (2nd miss: stop)
+    )
+    hits = mem.retrieve(Q, policy="adaptive")
+    reqs = openai_server.chat_requests()
+    assert len(reqs) == 4  # episode four is never probed
+    assert all(r["logprobs"] is True for r in reqs)
+    assert VISITS[0] in reqs[1]["messages"][-1]["content"]
+    assert VISITS[1] in reqs[2]["messages"][-1]["content"] and VISITS[0] in reqs[2]["messages"][-1]["content"]
+    episode_hits = [h for h in hits if h.metadata["level"] == "episode"]
+    assert [h.text for h in episode_hits] == [VISITS[0]]
+    assert episode_hits[0].metadata["uncertainty"] == pytest.approx(1.0)
+    assert episode_hits[0].metadata["stage"] == "II"
+    tr = mem.last_trace
+    assert tr["uncertainty"] == "logprobs" and tr["stopped_early"] is True
+    assert [p["included"] for p in tr["probes"]] == [True, False, False]
+    assert tr["u_final"] == pytest.approx(1.0)
+    for h in hits:
+        assert h.metadata["tokens"] == count_tokens(h.text)
+    # a token budget keeps the returned text within it
+    openai_server.reset()
+    openai_server.script_chat(
+        Reply("x", logprobs=[-2.0]), Reply("x", logprobs=[-1.0]), Reply("x", logprobs=[-1.0])
+    )
+    small = mem.retrieve(Q, max_tokens=12)
+    assert small and sum(h.metadata["tokens"] for h in small) <= 12
+    # patience 1 stops at the first miss; a large min_gain admits nothing
+    openai_server.reset()
+    openai_server.script_chat(Reply("x", logprobs=[-2.0]), Reply("x", logprobs=[-2.5]))
+    mem.retrieve(Q, patience=1)
+    assert len(openai_server.chat_requests()) == 2
+    openai_server.reset()
+    openai_server.script_chat(
+        Reply("x", logprobs=[-2.0]), Reply("x", logprobs=[-1.0]), Reply("x", logprobs=[-1.0])
+    )
+    hits = mem.retrieve(Q, min_gain=1.5)
+    assert not [h for h in hits if h.metadata["level"] == "episode"]
+    # representative = Stage I only: no reader call
+    openai_server.reset()
+    rep = mem.retrieve(Q, policy="representative")
+    assert openai_server.chat_requests() == []
+    assert {h.metadata["level"] for h in rep} <= {"theme", "semantic"}
+
+
+def test_stage_two_without_logprobs_uses_the_proxy(openai_server):
+    reader = OpenAIChat("test-model", base_url=openai_server.base_url, api_key="test", max_retries=0)
+    mem = _visit_memory(reader)
+    openai_server.script_chat(Reply("x", logprobs=[]))  # the server sends no token log-probabilities
+    mem.retrieve(Q)
+    assert mem.last_trace["uncertainty"] == "proxy"
+    assert len(openai_server.chat_requests()) == 1
+    # a reader that does give log-probabilities (the server's default: -0.1 per answer token)
+    u0, mode = mem.uncertainty(Q)
+    assert mode == "logprobs" and u0 == pytest.approx(0.1)
+
+
+def test_proxy_uncertainty_by_hand():
+    mem = _visit_memory(reader=None)  # type: ignore[arg-type]
+    ep1 = next(e for e in levels(mem, 1) if mem._store.nodes[e].text == VISITS[0])
+    # query content words {place, visit, first}; episode one covers place and visit (stemmed)
+    assert query_terms(Q) == {"place", "visit", "first"}
+    cos = float(np.dot(_unit(1, 0, 0, 0), _unit(0.5, 1, 0, 0)))
+    u, mode = mem.uncertainty(Q, episodic_ids=[ep1])
+    assert mode == "proxy"
+    assert u == pytest.approx(1 - (2 / 3 + cos) / 2, abs=1e-6)
+    assert mem.uncertainty(Q)[0] == 1.0
+
+
+# --------------------------------------------------------------------------- the LLM construction path
+
+EPISODE_JSON = json.dumps(
+    {
+        "title": "Caroline adopts a beagle named Luna",
+        "content": "On 25 May 2023 Caroline told Melanie she adopted a beagle named Luna last week "
+        "(the week of 15 May 2023).",
+        "timestamp": "2023-05-25T19:55:00",
+    }
+)
+
+
+def _dispatch(req: dict) -> Reply | str:
+    system = req["messages"][0]["content"]
+    user = req["messages"][-1]["content"]
+    if system == P.BOUNDARY_SYSTEM:
+        return '{"boundary": false, "reason": "same topic"}'
+    if system == P.EPISODE_SYSTEM:
+        return EPISODE_JSON
+    if system == P.SEMANTIC_SYSTEM:
+        return '```json\n{"facts": ["Caroline has a beagle named Luna."]}\n```'
+    if system == P.THEME_SYSTEM:
+        return "Caroline's pets"
+    if system == P.READER_SYSTEM:
+        episodic = user.split("Episodic memories:")[1]
+        if "shelter" in episodic:  # the raw messages are in the context
+            return Reply("Luna", logprobs=[-0.1])
+        if "Luna" in episodic:  # the episode record is in the context
+            return Reply("Luna", logprobs=[-0.5])
+        return Reply("Luna", logprobs=[-3.0])
+    raise AssertionError(f"unexpected prompt: {system[:60]}")
+
+
+DOG = [
+    Message(
+        "I adopted a dog from the shelter last week!", speaker="Caroline", timestamp="7:55 pm on 25 May, 2023"
+    ),
+    Message("She is a beagle called Luna.", speaker="Caroline", timestamp="7:55 pm on 25 May, 2023"),
+]
+
+
+def test_llm_construction_and_message_expansion(openai_server):
+    openai_server.default_chat = _dispatch
+    llm = OpenAIChat("test-model", base_url=openai_server.base_url, api_key="test", max_retries=0)
+    mem = XMemory(embedder=TableEmbedder(dim=8), llm=llm)
+    rep = mem.add(DOG)
+    assert [d["boundary"] for d in rep.details] == [False, False]
+    assert rep.usage.llm_calls == 1  # one boundary decision (the first message has no history)
+    mem.flush()
+    ep = levels(mem, 1)[0]
+    node = mem._store.nodes[ep]
+    assert node.text.startswith("Caroline adopts a beagle named Luna\n")
+    assert node.data["raw"] is False and node.data["timestamp"] == "2023-05-25T19:55:00"
+    sem = levels(mem, 2)[0]
+    assert mem._store.nodes[sem].text == "Caroline has a beagle named Luna."
+    kinds = [r["messages"][0]["content"] for r in openai_server.chat_requests()]
+    assert kinds == [P.BOUNDARY_SYSTEM, P.EPISODE_SYSTEM, P.SEMANTIC_SYSTEM]  # singleton theme: no summary
+    assert (
+        "[7:55 pm on 25 May, 2023] Caroline: I adopted"
+        in openai_server.chat_requests()[1]["messages"][-1]["content"]
+    )
+    openai_server.reset()
+    openai_server.default_chat = _dispatch
+    hits = mem.retrieve("What is the name of Caroline's dog?")
+    assert [h.metadata["level"] for h in hits] == ["theme", "episode", "message", "message"]
+    assert mem.last_trace["probes"][0]["expanded"] is True
+    assert hits[1].source_ids == [] and hits[1].metadata["title"] == "Caroline adopts a beagle named Luna"
+    assert hits[2].metadata["uncertainty"] == pytest.approx(0.1)
+    check_invariants(mem)
+
+
+def test_boundary_llm_malformed_json_falls_back_to_the_rule(openai_server):
+    openai_server.default_chat = _dispatch
+    llm = OpenAIChat("test-model", base_url=openai_server.base_url, api_key="test", max_retries=0)
+    mem = XMemory(embedder=TableEmbedder(dim=8), llm=llm)
+    later = Message(
+        "By the way, I start a new job on Monday.", speaker="Caroline", timestamp="9:55 pm on 25 May, 2023"
+    )
+    openai_server.script_chat("not json at all", '{"boundary": "maybe"}')
+    rep = mem.add([DOG[0], later])
+    # two unusable answers (the first and its corrective retry), then the rule: a 120-minute gap cuts
+    assert rep.details[1]["boundary"] is True and rep.details[1]["boundary_by"] == "gap"
+    reqs = openai_server.chat_requests()
+    assert reqs[0]["messages"][0]["content"] == P.BOUNDARY_SYSTEM
+    assert "could not be parsed" in reqs[1]["messages"][-1]["content"]
+    assert mem.stats()["counts"]["boundary_parse_fallbacks"] == 1
+    assert mem.stats()["episodes"] == 1 and mem.stats()["open_episode_messages"] == 1
+    check_invariants(mem)
+    # same fallback without a gap and a one-message history: the rule keeps the episode open
+    openai_server.reset()
+    openai_server.default_chat = _dispatch
+    mem2 = XMemory(embedder=TableEmbedder(dim=8), llm=llm)
+    openai_server.script_chat("```json\n[1, 2]\n```", "boundary: no")
+    rep = mem2.add(DOG)
+    assert rep.details[1]["boundary"] is False and rep.details[1]["boundary_by"] == "rule"
+    assert mem2.stats()["episodes"] == 0 and mem2.stats()["open_episode_messages"] == 2
+
+
+# --------------------------------------------------------------------------- atomicity
+
+
+def test_failing_llm_leaves_the_memory_unchanged(openai_server):
+    llm = OpenAIChat("test-model", base_url=openai_server.base_url, api_key="test", max_retries=0)
+    mem = XMemory(embedder=TableEmbedder(dim=8), llm=llm, boundary="rule")
+    mem.add(DOG)  # no LLM call: the episode stays open
+    before = snapshot(mem)
+    openai_server.script_chat(Reply(status=500))
+    later = Message(
+        "I start a new job on Monday at the bakery.", speaker="Caroline", timestamp="2023-05-26 10:00"
+    )
+    with pytest.raises(ModelError):
+        mem.add(later)  # the gap closes the episode; its record request fails
+    assert snapshot(mem) == before
+    with pytest.raises(ModelError):
+        openai_server.script_chat(Reply(status=500))
+        mem.flush()
+    assert snapshot(mem) == before
+    openai_server.default_chat = _dispatch
+    mem.add(later)
+    check_invariants(mem)
+    assert mem.stats()["episodes"] == 1 and len(mem) == 3
+
+
+def test_failing_summarizer_leaves_the_memory_unchanged_and_the_memory_recovers():
+    summ = FailingSummarizer()
+    mem = _fact_memory(summarizer=summ, merge=False)
+    twin = _fact_memory(summarizer=FailingSummarizer(), merge=False)
+    twin.summarizer.fail = False  # type: ignore[attr-defined]
+    for m in (mem, twin):
+        m.add(Message(FACT["A1"]))
+        m.flush()  # singleton theme: no summariser call
+        m.add(Message(FACT["A2"]))
+    before = snapshot(mem)
+    with pytest.raises(RuntimeError):
+        mem.flush()  # A2 joins A1's theme: the theme summary fails
+    assert snapshot(mem) == before
+    with pytest.raises(RuntimeError):
+        mem.add(
+            [Message(FACT["B1"], timestamp="2024-01-01 10:00"), Message(FACT["B2"], timestamp="2024-01-03")]
+        )
+    assert snapshot(mem) == before
+    summ.fail = False
+    for m in (mem, twin):
+        m.flush()
+        m.add(Message(FACT["A3"]))
+        m.flush()
+    a, b = mem.to_dict(), twin.to_dict()
+    a.pop("usage"), b.pop("usage")
+    assert a == b
+    assert mem.objective() == pytest.approx(twin.objective())
+    check_invariants(mem)
+
+
+# --------------------------------------------------------------------------- episode partition property
+
+WORDS = ["garden", "bees", "honey", "chess", "cup", "trip", "paris", "train", "dog", "walk", "park", "cake"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    msgs=st.lists(
+        st.tuples(st.lists(st.sampled_from(WORDS), min_size=4, max_size=8), st.integers(0, 120)),
+        min_size=1,
+        max_size=24,
+    ),
+    cuts=st.lists(st.integers(1, 6), max_size=10),
+    flush=st.booleans(),
+    delete=st.integers(-1, 30),
+)
+def test_every_message_is_in_exactly_one_contiguous_episode(msgs, cuts, flush, delete):
+    mem = XMemory(embedder=BowEmbedder(), max_episode_messages=3, drift_threshold=0.3, theme_size_cap=3)
+    t = 0
+    items = []
+    for words, gap in msgs:
+        t += gap
+        items.append(
+            Message(
+                f"I saw the {' '.join(words)} in 2023.",
+                timestamp=f"2024-01-01T{t // 60 % 24:02d}:{t % 60:02d}",
+            )
+        )
+    i = 0
+    for c in [*cuts, len(items)]:
+        if i >= len(items):
+            break
+        mem.add(items[i : i + c])
+        i += c
+        check_invariants(mem)
+    if flush:
+        mem.flush()
+        assert mem._open is None
+    check_invariants(mem)
+    assert len(mem) == len(items)
+    if 0 <= delete < len(items):
+        mem.delete(mem._store.leaves()[delete])
+        if len(items) > 1:
+            check_invariants(mem)
+
+
+# --------------------------------------------------------------------------- helpers and errors
+
+
+def test_parse_timestamp_formats():
+    assert parse_timestamp("1:56 pm on 8 May, 2023").isoformat() == "2023-05-08T13:56:00"
+    assert parse_timestamp("10:37 am on 27 June, 2023").isoformat() == "2023-06-27T10:37:00"
+    assert parse_timestamp("2024-03-14T15:00:00Z").isoformat() == "2024-03-14T15:00:00"
+    assert parse_timestamp("2025-12-27 (Saturday)").isoformat() == "2025-12-27T00:00:00"
+    assert parse_timestamp("yesterday-ish") is None and parse_timestamp(None) is None
+
+
+def test_rule_facts_mean_nll_and_central_facts():
+    msgs = [
+        Message("Hey Mel! How are you?", speaker="Caroline", timestamp="1:56 pm on 8 May, 2023"),
+        Message("Thanks, Caroline!", speaker="Melanie", timestamp="1:56 pm on 8 May, 2023"),
+        Message(
+            "I went to a LGBTQ support group yesterday. It was great.",
+            speaker="Caroline",
+            timestamp="1:56 pm on 8 May, 2023",
+        ),
+    ]
+    facts = extract_facts_rule(msgs)
+    assert facts == [
+        (
+            "[8 May 2023] Caroline: I went to a LGBTQ support group yesterday.",
+            "Caroline: I went to a LGBTQ support group yesterday.",
+        )
+    ]
+    assert extract_facts_rule(msgs, max_facts=0) == []
+    assert mean_nll([-1.0, -2.0, -3.0]) == pytest.approx(2.0)
+    with pytest.raises(InvalidInputError):
+        mean_nll([])
+    V = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+    assert central_facts(["aa", "bb", "cc"], V, max_chars=5) == "aa bb"
+    assert central_facts(["aa", "bb", "cc"], V, max_chars=100) == "aa bb cc"
+
+
+def test_constructor_and_retrieval_errors():
+    emb = TableEmbedder()
+    with pytest.raises(UnknownPolicyError):
+        XMemory(embedder=emb, boundary="magic")
+    with pytest.raises(LLMRequiredError):
+        XMemory(embedder=emb, boundary="llm")
+    for bad in (
+        {"attach_threshold": 2.0},
+        {"theme_size_cap": 1},
+        {"coverage": 0.0},
+        {"alpha": -0.1},
+        {"max_episode_messages": 0},
+        {"eps": 0.0},
+        {"drift_threshold": float("nan")},
+    ):
+        with pytest.raises(InvalidInputError):
+            XMemory(embedder=emb, **bad)
+    mem = XMemory(embedder=emb)
+    assert mem.retrieve("anything") == []
+    mem.add("I keep bees in the garden.")
+    with pytest.raises(UnknownPolicyError):
+        mem.retrieve("bees", policy="top_down")
+    with pytest.raises(InvalidInputError):
+        mem.retrieve("bees", horizon=2)
+    with pytest.raises(InvalidInputError):
+        mem.retrieve("bees", coverage=1.5)
+    with pytest.raises(InvalidInputError):
+        mem.add("   ")
+    # before any episode closes, the open episode and its messages are retrievable
+    hits = mem.retrieve("bees")
+    assert [h.metadata["level"] for h in hits] == ["episode"] and hits[0].metadata["open"] is True
+    flat = mem.retrieve("bees", policy="collapsed")  # the message and its episode share one text
+    assert len(flat) == 1 and flat[0].metadata["level"] in {"episode", "message"}
+
+
+# --------------------------------------------------------------------------- real embedder end to end
+
+CONVERSATION = [
+    ("Caroline", "1:56 pm on 8 May, 2023", "Hey Mel! Good to see you! How have you been?"),
+    (
+        "Melanie",
+        "1:56 pm on 8 May, 2023",
+        "Hey Caroline! I'm swamped with the kids and work. What's up with you?",
+    ),
+    (
+        "Caroline",
+        "1:56 pm on 8 May, 2023",
+        "I went to a LGBTQ support group yesterday and it was so powerful.",
+    ),
+    ("Melanie", "1:56 pm on 8 May, 2023", "Wow, that's cool, Caroline! What happened that was so awesome?"),
+    (
+        "Caroline",
+        "1:56 pm on 8 May, 2023",
+        "The transgender stories were inspiring! I'm thinking of studying counseling.",
+    ),
+    ("Melanie", "1:56 pm on 8 May, 2023", "I painted a sunrise over the lake last year, it calms me down."),
+    (
+        "Caroline",
+        "7:55 pm on 25 May, 2023",
+        "I adopted a dog named Luna from the shelter in Boston last week.",
+    ),
+    ("Melanie", "7:55 pm on 25 May, 2023", "Luna is such a cute name! My kids would love a dog too."),
+    ("Caroline", "7:55 pm on 25 May, 2023", "She is a two year old beagle and loves long walks in the park."),
+    ("Melanie", "7:55 pm on 25 May, 2023", "We are going camping at Yosemite in July with the whole family."),
+]
+
+
+def test_llm_free_end_to_end_with_the_local_embedder(local_embedder, tmp_path):
+    mem = XMemory(embedder=local_embedder)
+    msgs = [Message(t, speaker=s, timestamp=ts, id=f"D{i}") for i, (s, ts, t) in enumerate(CONVERSATION)]
+    rep = mem.add(msgs)
+    assert rep.details[6]["boundary"] is True and rep.details[6]["boundary_by"] == "gap"
+    mem.flush()
+    check_invariants(mem)
+    s = mem._store
+    for e in levels(mem, 1):  # no episode spans the two sessions
+        assert len({s.nodes[c].message.timestamp for c in s.nodes[e].children}) == 1
+    facts = [s.nodes[i].text for i in levels(mem, 2)]
+    assert "[25 May 2023] Caroline: I adopted a dog named Luna from the shelter in Boston last week." in facts
+    stats = mem.stats()
+    assert stats["semantics"] == len(facts) and stats["themes"] == len(levels(mem, 3))
+    assert sum(stats["theme_sizes"]) == stats["semantics"] and 0.0 <= stats["reassignment_ratio"] <= 1.0
+    q = "What is the name of Caroline's dog?"
+    hits = mem.retrieve(q)
+    assert any("Luna" in h.text for h in hits)
+    for h in hits:
+        assert h.metadata["level"] in {"theme", "semantic", "episode", "message"}
+        assert h.metadata["tokens"] == count_tokens(h.text)
+    rep_hits = mem.retrieve(q, policy="representative")
+    assert [h.node_id for h in rep_hits] == [h.node_id for h in hits if h.metadata["stage"] == "I"]
+    sem_hits = [h for h in hits if h.metadata["level"] == "semantic"]
+    for h in sem_hits:  # a semantic reports the source ids of all its episodes
+        assert set(h.source_ids) >= set(s.source_ids_under(h.metadata["episodes"][0]))
+    flat = mem.retrieve(q, policy="collapsed", k=3)
+    assert len(flat) == 3 and [h.score for h in flat] == sorted((h.score for h in flat), reverse=True)
+    mem.save(tmp_path / "x")
+    loaded = XMemory.load(tmp_path / "x", embedder=local_embedder)
+    assert loaded.to_dict() == mem.to_dict()
+    assert [h.node_id for h in loaded.retrieve(q)] == [h.node_id for h in hits]
+    assert loaded.stats()["objective"] == pytest.approx(stats["objective"])
+    loaded.delete("D6")
+    check_invariants(loaded)
+    assert all("Luna from the shelter" not in loaded._store.nodes[i].text for i in levels(loaded, 1))
+
+
+def test_locomo_first_session_when_available(local_embedder, shared_data):
+    path = shared_data / "locomo" / "locomo_dev.json"
+    if not path.is_file():
+        pytest.skip("LoCoMo dev file not found under ../shared/data/locomo")
+    conv = json.loads(path.read_text())[0]["conversation"]
+    msgs = [
+        Message(t["text"], speaker=t["speaker"], timestamp=conv["session_1_date_time"], id=t["dia_id"])
+        for t in conv["session_1"]
+    ]
+    mem = XMemory(embedder=local_embedder)
+    mem.add(msgs)
+    mem.flush()
+    check_invariants(mem)
+    hits = mem.retrieve("When did Caroline go to the LGBTQ support group?")
+    assert "D1:3" in {sid for h in hits for sid in h.source_ids}
+    assert any("8 May 2023" in h.text or "8 May, 2023" in h.text for h in hits)
