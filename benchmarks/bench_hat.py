@@ -32,53 +32,13 @@ import math
 import platform
 import sys
 import time
-import zlib
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from shared_core.bench import HashSummarizer as StubSummarizer  # noqa: E402
+from shared_core.bench import PoolEmbedder  # noqa: E402
 from shared_core.hat import HAT  # noqa: E402
-from shared_core.types import Usage  # noqa: E402
-
-
-class PoolEmbedder:
-    """Precomputed unit vectors: row ``crc32(text) % pool`` of a fixed random matrix."""
-
-    def __init__(self, dim: int = 384, pool: int = 4096, seed: int = 0) -> None:
-        v = np.random.default_rng(seed).standard_normal((pool, dim)).astype(np.float32)
-        self.vectors = v / np.linalg.norm(v, axis=1, keepdims=True)
-        self.dim = dim
-        self.seconds = 0.0
-
-    def embed(self, texts):
-        t0 = time.perf_counter()
-        rows = [zlib.crc32(t.encode("utf-8")) % len(self.vectors) for t in texts]
-        out = self.vectors[rows]
-        self.seconds += time.perf_counter() - t0
-        return out
-
-    async def aembed(self, texts):
-        return self.embed(texts)
-
-
-class StubSummarizer:
-    """A cheap aggregate that changes whenever the ordered children change."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.seconds = 0.0
-
-    def summarize(self, texts, **fields):
-        t0 = time.perf_counter()
-        self.calls += 1
-        text = f"{len(texts)}:{zlib.crc32(chr(31).join(texts).encode('utf-8')):08x} {texts[-1][:24]}"
-        self.seconds += time.perf_counter() - t0
-        return text, Usage()
-
-    async def asummarize(self, texts, **fields):
-        return self.summarize(texts, **fields)
 
 
 def run(sizes: list[int], M: int, window: int, dim: int) -> dict:

@@ -45,38 +45,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
+from shared_core.bench import FirstTextSummarizer, ReplayEmbedder, clustered_stream  # noqa: E402
 from shared_core.memtree import MemTree  # noqa: E402
 from shared_core.types import Completion, Usage  # noqa: E402
 
 DIM = 384
-
-
-class ReplayEmbedder:
-    """Returns the precomputed vector of a known text (a fixed vector for unknown texts)."""
-
-    def __init__(self, table: dict[str, np.ndarray], dim: int = DIM) -> None:
-        self.table = table
-        self.dim = dim
-        self._unknown = np.ones(dim, dtype=np.float32) / np.sqrt(dim)
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            out[i] = self.table.get(t, self._unknown)
-        return out
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
-
-
-class FirstTextSummarizer:
-    """A free aggregate function: ``Aggregate(existing, new) = existing``."""
-
-    def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
-        return texts[0], Usage()
-
-    async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
-        return self.summarize(texts)
 
 
 class SleepLLM:
@@ -103,21 +76,7 @@ def _unit(rng: np.random.Generator, n: int) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def topical_stream(n: int, seed: int = 0) -> tuple[list[str], dict[str, np.ndarray], np.random.Generator]:
-    rng = np.random.default_rng(seed)
-    topics = _unit(rng, 40)
-    subs = _unit(rng, 40 * 25)
-    table: dict[str, np.ndarray] = {}
-    texts = []
-    which = rng.integers(0, 40 * 25, size=n)
-    noise = _unit(rng, n)
-    for i in range(n):
-        s = int(which[i])
-        v = topics[s // 25] + 0.7 * subs[s] + 0.35 * noise[i]
-        t = f"message {i}"
-        table[t] = v / np.linalg.norm(v)
-        texts.append(t)
-    return texts, table, rng
+topical_stream = clustered_stream
 
 
 def _median_ms(xs: list[float]) -> float:
@@ -127,7 +86,7 @@ def _median_ms(xs: list[float]) -> float:
 def bench_size(target_nodes: int, n_inserts: int, n_queries: int, seed: int) -> dict:
     max_leaves = target_nodes + n_inserts + 16
     texts, table, rng = topical_stream(max_leaves, seed)
-    emb = ReplayEmbedder(table)
+    emb = ReplayEmbedder(table, unknown="fixed")
     mem = MemTree(emb, summarizer=FirstTextSummarizer())
     t0 = time.perf_counter()
     i = 0
@@ -213,7 +172,7 @@ def bench_concurrency(delay: float = 0.1) -> dict:
     out = {}
     for workers in (8, 1):
         llm = SleepLLM(0.0)
-        emb = ReplayEmbedder({}, dim=4)
+        emb = ReplayEmbedder({}, dim=4, unknown="fixed")
         mem = MemTree(emb, llm, max_workers=workers)
         for i in range(5):
             mem.add(f"Message {i}.")

@@ -22,84 +22,15 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Sequence
 
 import faiss
 import numpy as np
 
 from shared_core import SegTreeMem
+from shared_core.bench import ReplayEmbedder, SpanEndsSummarizer, topical_stream
 from shared_core.types import Usage
 
 DIM = 384
-
-
-class ReplayEmbedder:
-    """Returns the precomputed vector of a known text, a hashed random vector otherwise."""
-
-    def __init__(self, table: dict[str, np.ndarray]) -> None:
-        self.table = table
-        self.dim = DIM
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.empty((len(texts), DIM), dtype=np.float32)
-        for i, t in enumerate(texts):
-            v = self.table.get(t)
-            if v is None:
-                v = np.random.default_rng(abs(hash(t)) % 2**32).standard_normal(DIM).astype(np.float32)
-            out[i] = v
-        return out
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
-
-
-class SpanEndsSummarizer:
-    """A free aggregate function: the annotation's vector is the mean of the first and last child's.
-
-    It costs O(1) per call, and like a real summary it drifts away from the newest message as the span
-    grows to cover older topics.
-    """
-
-    def __init__(self, table: dict[str, np.ndarray]) -> None:
-        self.table = table
-        self.n = 0
-
-    def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
-        v = self.table[texts[0]] + self.table[texts[-1]]
-        self.n += 1
-        key = f"summary {self.n}"
-        self.table[key] = v / np.linalg.norm(v)
-        return key, Usage()
-
-    async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
-        return self.summarize(texts)
-
-
-def _unit(rng: np.random.Generator) -> np.ndarray:
-    v = rng.standard_normal(DIM).astype(np.float32)
-    return v / np.linalg.norm(v)
-
-
-def topical_stream(n: int, seed: int = 0) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Messages in themes (500-3,000 messages) of topics (5-40 messages), as unit vectors."""
-    rng = np.random.default_rng(seed)
-    texts: list[str] = []
-    table: dict[str, np.ndarray] = {}
-    while len(texts) < n:
-        theme = _unit(rng)
-        in_theme = int(rng.integers(500, 3001))
-        while in_theme > 0 and len(texts) < n:
-            topic = theme + 0.8 * _unit(rng)
-            topic /= np.linalg.norm(topic)
-            for _ in range(min(in_theme, int(rng.integers(5, 41)))):
-                if len(texts) >= n:
-                    break
-                v = topic + 0.06 * rng.standard_normal(DIM).astype(np.float32)
-                t = f"message {len(texts)}"
-                table[t] = v / np.linalg.norm(v)
-                texts.append(t)
-                in_theme -= 1
-    return texts, table
 
 
 def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 50) -> dict[str, object]:

@@ -39,6 +39,14 @@ def _check_query(query: Any, k: Any) -> int:
     return int(k)
 
 
+def _check_budget(max_tokens: Any) -> int | None:
+    if max_tokens is None:
+        return None
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    return int(max_tokens)
+
+
 def _normalized(vecs: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     if np.any(norms == 0):
@@ -82,6 +90,28 @@ class _Flat:
             source_ids=[m.id] if m.id is not None else [],
             metadata=meta,
         )
+
+    def _budgeted(self, order: Iterable[int], scores: Any, k: int, max_tokens: int) -> list[Hit]:
+        """The first ``k`` messages of ``order`` whose texts fit in ``max_tokens`` tokens together.
+
+        A message that would exceed the budget is skipped and the walk goes on, as the memories'
+        ``retrieve(max_tokens=...)`` does; tokens are counted by
+        :func:`~shared_core.eval.metrics.count_tokens`.
+        """
+        from .metrics import count_tokens
+
+        hits: list[Hit] = []
+        used = 0
+        for i, s in zip(order, scores):
+            i = int(i)
+            t = count_tokens(self._texts[i])
+            if used + t > max_tokens:
+                continue
+            used += t
+            hits.append(self._hit(i, float(s)))
+            if len(hits) >= k:
+                break
+        return hits
 
     def stats(self) -> dict[str, Any]:
         """Counts in the memories' ``stats()`` shape: every message is a leaf under a structural root."""
@@ -164,13 +194,25 @@ class FlatDense(_Flat):
             scores, idx = self._index.search(q, n)
         return idx[0].astype(np.int64), scores[0].astype(np.float32)
 
-    def retrieve(self, query: str, k: int = 10) -> list[Hit]:
+    def retrieve(self, query: str, k: int = 10, *, max_tokens: int | None = None) -> list[Hit]:
         """The ``k`` messages most similar to ``query`` (cosine), best first.
 
+        Args:
+            query: the query text.
+            k: at most this many hits, default 10.
+            max_tokens: optional budget of returned text in tokens
+                (:func:`~shared_core.eval.metrics.count_tokens`); a message that would exceed it is
+                skipped and the next one in rank order is tried. Default ``None`` (no budget).
+
         Raises:
-            InvalidInputError: empty query or ``k`` < 1.
+            InvalidInputError: empty query, ``k`` < 1 or ``max_tokens`` < 1.
         """
         k = _check_query(query, k)
+        budget = _check_budget(max_tokens)
+        if budget is not None:
+            idx, sc = self.ranking(query)
+            with self._lock:
+                return self._budgeted(idx, sc, k, budget)
         with self._lock:
             n = len(self._messages)
             if n == 0 or self._index is None:
@@ -220,13 +262,23 @@ class FlatBM25(_Flat):
         order = np.argsort(-sc, kind="stable")
         return ids[order], sc[order]
 
-    def retrieve(self, query: str, k: int = 10) -> list[Hit]:
+    def retrieve(self, query: str, k: int = 10, *, max_tokens: int | None = None) -> list[Hit]:
         """The ``k`` best BM25 matches, best first (zero-score messages fill up in insertion order).
 
+        Args:
+            query: the query text.
+            k: at most this many hits, default 10.
+            max_tokens: optional budget of returned text in tokens, as in :meth:`FlatDense.retrieve`.
+
         Raises:
-            InvalidInputError: empty query or ``k`` < 1.
+            InvalidInputError: empty query, ``k`` < 1 or ``max_tokens`` < 1.
         """
         k = _check_query(query, k)
+        budget = _check_budget(max_tokens)
+        if budget is not None:
+            idx, sc = self.ranking(query)
+            with self._lock:
+                return self._budgeted(idx, sc, k, budget)
         with self._lock:
             if not self._messages:
                 return []
@@ -279,13 +331,19 @@ class FlatHybridRRF(_Flat):
             self.usage += rep.usage
         return rep
 
-    def retrieve(self, query: str, k: int = 10) -> list[Hit]:
+    def retrieve(self, query: str, k: int = 10, *, max_tokens: int | None = None) -> list[Hit]:
         """The ``k`` messages with the highest fused score, best first (ties by insertion order).
 
+        Args:
+            query: the query text.
+            k: at most this many hits, default 10.
+            max_tokens: optional budget of returned text in tokens, as in :meth:`FlatDense.retrieve`.
+
         Raises:
-            InvalidInputError: empty query or ``k`` < 1.
+            InvalidInputError: empty query, ``k`` < 1 or ``max_tokens`` < 1.
         """
         k = _check_query(query, k)
+        budget = _check_budget(max_tokens)
         with self._lock:
             n = len(self._messages)
             if n == 0:
@@ -293,5 +351,7 @@ class FlatHybridRRF(_Flat):
             fused = np.zeros(n, dtype=np.float64)
             for idx, _ in (self.dense.ranking(query), self.bm25.ranking(query)):
                 fused[idx] += 1.0 / (self.k_rrf + np.arange(1, idx.size + 1))
-            order = np.argsort(-fused, kind="stable")[:k]
-            return [self._hit(int(i), float(fused[i])) for i in order]
+            order = np.argsort(-fused, kind="stable")
+            if budget is not None:
+                return self._budgeted(order, fused[order], k, budget)
+            return [self._hit(int(i), float(fused[i])) for i in order[:k]]

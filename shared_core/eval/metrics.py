@@ -22,6 +22,7 @@ __all__ = [
     "count_tokens",
     "evidence_recall",
     "mean_by",
+    "rouge_l_recall",
     "span_recall",
 ]
 
@@ -184,3 +185,37 @@ def mean_by(values: Sequence[float], keys: Sequence[Hashable]) -> dict[Any, floa
         ok = [v for v in vs if not math.isnan(v)]
         out[k] = float(np.mean(ok)) if ok else math.nan
     return out
+
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def rouge_l_recall(reference: str, prediction: str) -> float:
+    """ROUGE-L recall: length of the longest common token subsequence over the reference's length.
+
+    Tokens are lower-cased word runs (``\\w+``), stop words kept.
+
+    Args:
+        reference: the gold answer.
+        prediction: the generated answer.
+
+    Returns:
+        A float in [0, 1]; NaN when the reference has no tokens.
+
+    References:
+        Lin (2004), "ROUGE: A Package for Automatic Evaluation of Summaries", ROUGE-L (LCS recall);
+        MemTree paper Sec. 4 (ROUGE-L recall of the generated answer against short gold answers).
+    """
+    ref = _WORD_RE.findall(str(reference).lower())
+    if not ref:
+        return math.nan
+    pred = _WORD_RE.findall(str(prediction).lower())
+    if not pred:
+        return 0.0
+    prev = [0] * (len(pred) + 1)
+    for r in ref:
+        cur = [0] * (len(pred) + 1)
+        for j, p in enumerate(pred, 1):
+            cur[j] = prev[j - 1] + 1 if r == p else max(prev[j], cur[j - 1])
+        prev = cur
+    return prev[-1] / len(ref)

@@ -59,5 +59,3 @@ ANNOTATION_USER = """Consecutive sub-spans of the conversation, in chronological
 Write one annotation for the whole span: what was discussed, in order, keeping names, dates, numbers, \
 decisions and facts a later question could ask about. Do not add anything not in the sub-spans. \
 At most {max_words} words. Answer with the annotation only."""
-
-
