@@ -185,6 +185,16 @@ def viz(
     )
 
 
+def _register_eval_and_bench() -> None:
+    from .eval.command import bench_command, eval_command
+
+    app.command("eval")(eval_command)
+    app.command("bench")(bench_command)
+
+
+_register_eval_and_bench()
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -1,0 +1,259 @@
+"""The ``hiermem eval`` and ``hiermem bench`` commands as plain typer-compatible functions.
+
+Register them on a typer app with ``app.command("eval")(eval_command)`` and
+``app.command("bench")(bench_command)``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..types import HierMemError
+
+__all__ = ["bench_command", "eval_command"]
+
+_console = Console(stderr=False)
+
+
+def _fail(e: Exception) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/bold red] {e}")
+    return typer.Exit(code=2)
+
+
+def _ints(text: str | None, what: str) -> list[int] | None:
+    if text is None or not text.strip() or text.strip().lower() in ("all", "none"):
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}.") from None
+
+
+def _make_llm(spec: str | None, base_url: str | None) -> Any:
+    if spec is None:
+        return None
+    from ..models.openai_models import OpenAIChat
+    from .judge import parse_llm_spec
+
+    _, model = parse_llm_spec(spec)
+    return OpenAIChat(model, base_url=base_url)
+
+
+def _make_embedder(spec: str, base_url: str | None) -> Any:
+    spec = (spec or "local").strip()
+    if spec.lower() == "local":
+        return None  # run_eval's default: the embedded LocalEmbedder
+    from ..models.openai_models import OpenAIEmbedder
+    from .judge import parse_llm_spec
+
+    try:
+        _, model = parse_llm_spec(spec)
+    except HierMemError:
+        raise typer.BadParameter(
+            "--embedder must be 'local' or 'openai:MODEL' (e.g. openai:text-embedding-3-small), "
+            f"got {spec!r}."
+        ) from None
+    return OpenAIEmbedder(model, base_url=base_url)
+
+
+def eval_command(
+    locomo: list[Path] = typer.Option([], "--locomo", help="LoCoMo JSON file (repeat for several)."),
+    realmem: list[Path] = typer.Option([], "--realmem", help="RealMem persona JSON file (repeatable)."),
+    jsonl: list[Path] = typer.Option([], "--jsonl", help="JSON Lines conversation (repeatable)."),
+    realmem_excerpt: bool = typer.Option(
+        False, "--realmem-excerpt", help="Also evaluate the RealMem excerpt bundled with the package."
+    ),
+    methods: str = typer.Option(
+        "all",
+        "--methods",
+        help="Comma-separated: segtree, memtree, hat, xmemory (every policy), kind:policy "
+        "(e.g. segtree:top_down), kind[option=value]:policy, flat_dense, bm25 (stemmed), "
+        "bm25_unstemmed, hybrid (RRF); or all / memories / baselines.",
+    ),
+    k: int = typer.Option(10, "--k", min=1, help="Hits retrieved per query (recall@k)."),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", min=1, help="Budget of returned tokens per query (default: none)."
+    ),
+    conversations: str | None = typer.Option(
+        None, "--conversations", help="Comma-separated conversation ids to evaluate (default: all)."
+    ),
+    max_queries: int | None = typer.Option(
+        None, "--max-queries", min=1, help="Evaluate only the first N queries of each conversation."
+    ),
+    categories: str = typer.Option(
+        "1,2,3,4", "--categories", help="LoCoMo QA categories ('all' keeps category 5 too)."
+    ),
+    add_batch: str = typer.Option(
+        "session", "--add-batch", help="Messages per add call: session, query (between queries) or message."
+    ),
+    out: Path = typer.Option(Path("hiermem-eval"), "--out", help="Output directory."),
+    llm: str | None = typer.Option(
+        None,
+        "--llm",
+        help="openai:MODEL: generate answers from the hits and judge them (API key from OPENAI_API_KEY).",
+    ),
+    base_url: str | None = typer.Option(
+        None, "--base-url", help="Endpoint of an OpenAI-compatible server for --llm."
+    ),
+    embedder: str = typer.Option(
+        "local",
+        "--embedder",
+        help="Embedder of every method: local (all-MiniLM-L6-v2, offline) or openai:MODEL (uses --base-url).",
+    ),
+    llm_memories: bool = typer.Option(
+        False, "--llm-memories/--no-llm-memories", help="Give the --llm to the memories too."
+    ),
+    embed_cache: bool = typer.Option(
+        True, "--embed-cache/--no-embed-cache", help="Share embeddings between methods (same vectors)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Skip conversations whose results are already in --out."
+    ),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Evaluate memories and flat baselines online on LoCoMo / RealMem / JSONL conversations.
+
+    One memory per conversation and method, messages added in arrival order, every policy of a memory
+    asked each query at its position. Writes results.json (full configuration, per-method and
+    per-category aggregates), results.md, results.png and per-conversation files to --out.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from .report import RESULTS_JSON, RESULTS_MD, RESULTS_PNG
+    from .runner import run_eval
+
+    try:
+        cats = _ints(categories, "--categories")
+        chat = _make_llm(llm, base_url)
+        emb = _make_embedder(embedder, base_url)
+        doc = run_eval(
+            locomo=locomo,
+            realmem=realmem,
+            jsonl=jsonl,
+            realmem_excerpt=realmem_excerpt,
+            methods=methods,
+            k=k,
+            max_tokens=max_tokens,
+            conversations=[c.strip() for c in conversations.split(",") if c.strip()]
+            if conversations
+            else None,
+            max_queries=max_queries,
+            categories=cats,
+            add_batch=add_batch,
+            out=out,
+            llm=chat,
+            llm_name=llm,
+            llm_memories=llm_memories,
+            embedder=emb,
+            embed_cache=embed_cache,
+            resume=resume,
+            progress=progress,
+            command=" ".join(["hiermem", "eval", *map(shlex.quote, sys.argv[2:])])
+            if len(sys.argv) > 1 and sys.argv[1] == "eval"
+            else None,
+        )
+    except HierMemError as e:
+        raise _fail(e) from None
+    table = Table(title=f"hiermem eval: recall@{k} (pooled over {len(doc['data'])} input(s))")
+    for col in ("method", f"evidence R@{k}", f"span R@{k}", "answer-token R", "tokens", "ms"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    if llm:
+        table.add_column("LLM acc", justify="right")
+    for name, m in doc["methods"].items():
+        o = m["overall"]
+        cells = [
+            name,
+            *(
+                "—" if o.get(x) is None else f"{o[x]:.3f}"
+                for x in ("evidence_recall", "span_recall", "answer_token_recall")
+            ),
+            "—" if o.get("returned_tokens") is None else f"{o['returned_tokens']:.0f}",
+            "—" if o.get("latency_ms_median") is None else f"{o['latency_ms_median']:.2f}",
+        ]
+        if llm:
+            cells.append("—" if o.get("llm_accuracy") is None else f"{o['llm_accuracy']:.3f}")
+        table.add_row(*cells)
+    _console.print(table)
+    if doc.get("resumed_conversations"):
+        _console.print(f"resumed: {', '.join(doc['resumed_conversations'])}")
+    _console.print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / RESULTS_PNG}")
+
+
+def bench_command(
+    sizes: str = typer.Option("1000,10000", "--sizes", help="Comma-separated tree sizes in leaves."),
+    full: bool = typer.Option(False, "--full", help="Add 100000 leaves to --sizes."),
+    memories: str = typer.Option(
+        "all", "--memories", help="Comma-separated: segtree, memtree, hat, xmemory (default: all available)."
+    ),
+    queries: int = typer.Option(50, "--queries", min=1, help="Timed queries per size and policy."),
+    window: int = typer.Option(200, "--window", min=1, help="Timed single inserts before each size."),
+    throughput_turns: int = typer.Option(
+        300,
+        "--throughput-turns",
+        min=0,
+        help="RealMem excerpt turns ingested with the real embedder (0: skip).",
+    ),
+    isolate: bool = typer.Option(
+        True, "--isolate/--no-isolate", help="Run each memory in its own process (clean peak memory)."
+    ),
+    trace_max: int = typer.Option(
+        10_000, "--trace-max", min=0, help="Largest size whose Python allocations tracemalloc measures."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic vector stream."),
+    size_cap: list[str] = typer.Option(
+        [], "--size-cap", help="KIND=N: largest size for one memory (repeatable), e.g. segtree=10000."
+    ),
+    out: Path = typer.Option(Path("hiermem-bench"), "--out", help="Output directory."),
+) -> None:
+    """Algorithm overhead without model calls, next to flat FAISS and numpy search; embedded throughput.
+
+    Stub models (precomputed vectors, free summaries) isolate each memory's own cost: insert time per
+    message and retrieval time per query at each size, CPU time beside wall time, BLAS/FAISS pinned to one
+    thread, peak memory; then messages per second with the real local embedder. Writes bench.json,
+    bench.md and bench.png to --out.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from ..bench import render_markdown, run_bench
+
+    try:
+        size_list = _ints(sizes, "--sizes") or []
+        if full and 100_000 not in size_list:
+            size_list.append(100_000)
+        caps: dict[str, int] = {}
+        for item in size_cap:
+            kind, _, n = item.partition("=")
+            try:
+                caps[kind.strip()] = int(n)
+            except ValueError:
+                raise typer.BadParameter(
+                    f"--size-cap takes KIND=N, e.g. segtree=10000; got {item!r}."
+                ) from None
+        mems = (
+            None
+            if memories.strip().lower() == "all"
+            else [m.strip() for m in memories.split(",") if m.strip()]
+        )
+        doc = run_bench(
+            sizes=size_list,
+            memories=mems,
+            queries=queries,
+            window=window,
+            throughput_turns=throughput_turns,
+            isolate=isolate,
+            trace_max=trace_max,
+            seed=seed,
+            size_caps=caps,
+            out=out,
+            progress=lambda msg: _console.print(msg),
+        )
+    except HierMemError as e:
+        raise _fail(e) from None
+    _console.print(render_markdown(doc))
+    _console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")

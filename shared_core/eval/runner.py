@@ -1,0 +1,1057 @@
+"""Evaluation orchestration behind ``hiermem eval``: every method on the same conversations, online.
+
+For each conversation one object is built per *build* (a memory with its options, or a flat baseline)
+and fed the messages in arrival order; every retrieval policy of that build is asked each query at the
+query's position, so ``segtree:top_down`` and ``segtree:bottom_up`` share one ``segtree`` tree. Per query:
+leaf-level evidence recall@k, span recall, answer-token recall, returned tokens and retrieval latency
+(wall and CPU); per build: construction cost (embedding calls, LLM calls, tokens, seconds) per message.
+With an LLM, an :class:`~shared_core.eval.judge.AnswerJudge` writes an answer from the hits and grades
+it. Results are written per conversation (so a run can resume) and aggregated into one JSON document,
+a Markdown table and a PNG chart (:mod:`shared_core.eval.report`).
+
+Method specs (``--methods``, comma-separated):
+
+* ``segtree``, ``memtree``, ``hat``, ``xmemory``: every policy of that memory usable with the
+  configuration (LLM-only policies need ``llm_memories``);
+* ``segtree:top_down``: one policy (it still shares the ``segtree`` build);
+* ``segtree[relevance=dense,threshold=0.4]:top_down``: constructor options (values parsed as JSON when
+  they can be, e.g. numbers and booleans, else kept as strings); options make a separate build;
+* ``flat_dense`` (alias ``dense``), ``bm25`` (English stop words + Snowball stemming),
+  ``bm25_unstemmed``, ``hybrid`` (alias ``rrf``: reciprocal-rank fusion of dense and stemmed BM25);
+* ``all`` (the default), ``memories``, ``baselines``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import platform
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..types import InvalidInputError, LLMRequiredError, UnknownPolicyError, Usage
+from .data import Conversation, load_jsonl, load_locomo, load_realmem, load_realmem_excerpt
+from .metrics import answer_token_recall, count_tokens, evidence_recall
+
+__all__ = [
+    "ADD_BATCH_MODES",
+    "BASELINES",
+    "LLM_METRICS",
+    "QUERY_METRICS",
+    "SCHEMA",
+    "CachingEmbedder",
+    "Dataset",
+    "MethodSpec",
+    "aggregate_results",
+    "available_memories",
+    "evaluate_conversation",
+    "load_datasets",
+    "parse_methods",
+    "run_eval",
+]
+
+SCHEMA = "hiermem.eval/1"
+"""Identifier of the results document's layout (``results["schema"]``)."""
+
+QUERY_METRICS = (
+    "evidence_recall",
+    "span_recall",
+    "answer_token_recall",
+    "returned_tokens",
+    "n_hits",
+    "latency_ms",
+    "latency_cpu_ms",
+)
+"""Per-query figures averaged per method (NaN/None entries ignored)."""
+
+LLM_METRICS = ("llm_accuracy", "rouge_l_recall")
+"""Per-query figures added when an LLM answers and judges (``llm_accuracy`` = the judge's 0/1)."""
+
+BASELINES = {
+    "flat_dense": "dense cosine over single messages (FAISS)",
+    "bm25": "BM25 over single messages, English stop words + Snowball stemming",
+    "bm25_unstemmed": "BM25 over single messages, English stop words, no stemming",
+    "hybrid": "reciprocal-rank fusion (k=60) of dense and stemmed BM25",
+}
+"""Flat baselines by name, with what they are."""
+
+DEFAULT_BASELINES = ("flat_dense", "bm25", "hybrid")
+
+_ALIASES = {"dense": "flat_dense", "flat": "flat_dense", "bm25_stemmed": "bm25", "rrf": "hybrid"}
+
+WARMUP_QUERY = "what was said"
+"""Query asked (untimed as latency) by every build after new messages, so that index maintenance a method
+defers to its next query (e.g. a BM25 rebuild) is counted as construction, not as the latency of
+whichever method happens to be asked first."""
+
+ADD_BATCH_MODES = ("session", "query", "message")
+"""How messages are grouped into ``add`` calls: one call per session (never across a query), one per
+stretch between queries, or one per message."""
+
+
+# --------------------------------------------------------------------------- method specs
+def available_memories() -> dict[str, type]:
+    """The hierarchical memory classes by ``kind``: SegTreeMem, MemTree, HAT, and XMemory when present.
+
+    Returns:
+        ``{kind: class}`` in that order.
+    """
+    from .. import memory_classes
+
+    out = dict(memory_classes())
+    if "xmemory" not in out:
+        try:
+            from ..xmemory import XMemory
+        except ImportError:  # pragma: no cover - depends on the installed version
+            pass
+        else:
+            out["xmemory"] = XMemory
+    order = ["segtree", "memtree", "hat", "xmemory"]
+    return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One evaluated method: a build (memory or baseline, with options) and a retrieval policy.
+
+    Attributes:
+        name: the result name, ``"<build>:<policy>"`` for memories, ``"<build>"`` for baselines.
+        build: the build key shared by every policy of one object, e.g. ``"segtree"`` or
+            ``"segtree[relevance=dense]"``.
+        kind: memory kind (``"segtree"``, ...) or baseline name (``"bm25"``, ...).
+        policy: the memory's retrieval policy, ``None`` for baselines.
+        params: constructor options (JSON values).
+    """
+
+    name: str
+    build: str
+    kind: str
+    policy: str | None
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def is_memory(self) -> bool:
+        """Whether the method is a hierarchical memory (not a flat baseline)."""
+        return self.kind not in BASELINES
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form."""
+        return {
+            "name": self.name,
+            "build": self.build,
+            "kind": self.kind,
+            "policy": self.policy,
+            "params": dict(self.params),
+        }
+
+
+_SPEC_RE = re.compile(
+    r"^(?P<kind>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<params>[^\]]*)\])?(?::(?P<policy>[A-Za-z_]+))?$"
+)
+
+
+def _split_specs(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _parse_params(text: str | None, spec: str) -> tuple[tuple[str, Any], ...]:
+    if not text or not text.strip():
+        return ()
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise InvalidInputError(f"Method {spec!r}: options are written name=value, got {item.strip()!r}.")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if not key.isidentifier():
+            raise InvalidInputError(f"Method {spec!r}: {key!r} is not an option name.")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return tuple(sorted(out.items()))
+
+
+def _build_key(kind: str, params: tuple[tuple[str, Any], ...]) -> str:
+    if not params:
+        return kind
+    return (
+        kind
+        + "["
+        + ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in params)
+        + "]"
+    )
+
+
+def _usable_policies(cls: type, memory_llm: bool) -> list[str]:
+    llm_only = set(getattr(cls, "llm_policies", ()))
+    return [p for p in cls.policies if memory_llm or p not in llm_only]
+
+
+def parse_methods(
+    methods: str | Sequence[str] | None = None, *, memory_llm: bool = False
+) -> list[MethodSpec]:
+    """Parse method specs (see the module docstring) into :class:`MethodSpec` objects.
+
+    Args:
+        methods: a comma-separated string, a list of specs, or ``None`` / ``"all"`` for every usable
+            policy of every available memory plus ``flat_dense``, ``bm25`` and ``hybrid``.
+        memory_llm: whether the memories get an LLM (LLM-only policies such as HAT's ``agent`` are
+            usable only then), default ``False``.
+
+    Returns:
+        The specs in the order given, duplicates removed.
+
+    Raises:
+        InvalidInputError: a malformed spec, an unknown method, or options on a policy-less shortcut.
+        UnknownPolicyError: a policy the memory does not have, or a policy on a baseline.
+        LLMRequiredError: an LLM-only policy named explicitly while the memories have no LLM.
+    """
+    mems = available_memories()
+    if methods is None:
+        items = ["all"]
+    elif isinstance(methods, str):
+        items = _split_specs(methods)
+    else:
+        items = [s for m in methods for s in _split_specs(str(m))]
+    if not items:
+        raise InvalidInputError("No methods given; pass e.g. --methods segtree,bm25 (or 'all').")
+    out: dict[str, MethodSpec] = {}
+
+    def add(spec: MethodSpec) -> None:
+        out.setdefault(spec.name, spec)
+
+    def add_memory(kind: str, params: tuple[tuple[str, Any], ...], policy: str | None, raw: str) -> None:
+        cls = mems[kind]
+        build = _build_key(kind, params)
+        if policy is None:
+            for p in _usable_policies(cls, memory_llm):
+                add(MethodSpec(f"{build}:{p}", build, kind, p, params))
+            return
+        if policy not in cls.policies:
+            raise UnknownPolicyError(
+                f"Method {raw!r}: {cls.__name__} has no policy {policy!r}; choose one of "
+                f"{', '.join(cls.policies)}."
+            )
+        if policy in getattr(cls, "llm_policies", ()) and not memory_llm:
+            raise LLMRequiredError(
+                f"Method {raw!r}: policy {policy!r} needs an LLM in the memory; pass --llm and "
+                f"--llm-memories, or use {', '.join(_usable_policies(cls, False))}."
+            )
+        add(MethodSpec(f"{build}:{policy}", build, kind, policy, params))
+
+    for raw in items:
+        low = raw.lower()
+        if low in ("all", "memories", "baselines"):
+            if low in ("all", "memories"):
+                for kind in mems:
+                    add_memory(kind, (), None, raw)
+            if low in ("all", "baselines"):
+                for b in DEFAULT_BASELINES:
+                    add(MethodSpec(b, b, b, None))
+            continue
+        m = _SPEC_RE.match(raw)
+        if not m:
+            raise InvalidInputError(
+                f"Cannot read method {raw!r}; write kind, kind:policy or kind[option=value]:policy "
+                "(e.g. segtree:top_down, bm25)."
+            )
+        kind = m.group("kind").lower()
+        kind = _ALIASES.get(kind, kind)
+        params = _parse_params(m.group("params"), raw)
+        policy = m.group("policy")
+        if kind in mems:
+            add_memory(kind, params, policy, raw)
+        elif kind in BASELINES:
+            if policy is not None:
+                raise UnknownPolicyError(f"Method {raw!r}: the flat baseline {kind!r} has no policies.")
+            build = _build_key(kind, params)
+            add(MethodSpec(build, build, kind, None, params))
+        else:
+            known = ", ".join([*mems, *BASELINES, "all", "memories", "baselines"])
+            raise InvalidInputError(f"Unknown method {raw!r}; known: {known}.")
+    return list(out.values())
+
+
+def _make_build(spec: MethodSpec, embedder: Any, llm: Any) -> Any:
+    """A fresh object for ``spec.build``."""
+    from .baselines import FlatBM25, FlatDense, FlatHybridRRF
+
+    params = dict(spec.params)
+    makers: dict[str, Callable[..., Any]] = {
+        "flat_dense": lambda **kw: FlatDense(embedder, **kw),
+        "bm25": lambda **kw: FlatBM25(**{"stem": True, **kw}),
+        "bm25_unstemmed": lambda **kw: FlatBM25(**{"stem": False, **kw}),
+        "hybrid": lambda **kw: FlatHybridRRF(embedder, **kw),
+    }
+    try:
+        if spec.kind in makers:
+            return makers[spec.kind](**params)
+        cls = available_memories()[spec.kind]
+        return cls(embedder=embedder, llm=llm, **params)
+    except TypeError as e:
+        raise InvalidInputError(f"Method {spec.build!r}: bad option ({e}).") from None
+
+
+# --------------------------------------------------------------------------- embedder cache
+class CachingEmbedder:
+    """Memoises another embedder's vectors by text, so every method of a run shares each embedding.
+
+    The evaluation pre-embeds every message rendering and question of a conversation in one batch
+    (:meth:`prime`); the memories then find those vectors here, so their construction seconds measure
+    the algorithm plus the texts only they embed (summaries), and retrieval latency excludes the query
+    embedding, identically for every method. Usage counters of the memories still count each call
+    they make.
+
+    Args:
+        base: the embedder to memoise (any :class:`~shared_core.models.base.Embedder`).
+
+    Attributes:
+        hits, misses: texts served from the cache / embedded by ``base``.
+        seconds: wall-clock seconds spent in ``base.embed``.
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self._table: dict[str, np.ndarray] = {}
+        self.hits = 0
+        self.misses = 0
+        self.seconds = 0.0
+
+    @property
+    def dim(self) -> int:
+        """The base embedder's dimension."""
+        return int(self.base.dim)
+
+    @property
+    def name(self) -> str:
+        """The base embedder's name (or class name)."""
+        return str(getattr(self.base, "name", type(self.base).__name__))
+
+    def prime(self, texts: Iterable[str]) -> None:
+        """Embed the texts not cached yet, in one batch."""
+        todo = [t for t in dict.fromkeys(texts) if t not in self._table]
+        if todo:
+            t0 = time.perf_counter()
+            vecs = np.asarray(self.base.embed(todo), dtype=np.float32)
+            self.seconds += time.perf_counter() - t0
+            self.misses += len(todo)
+            self._table.update(zip(todo, vecs))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts``, ``float32`` ``(len(texts), dim)``; unknown texts embedded in one batch."""
+        texts = list(texts)
+        before = self.misses
+        self.prime(texts)
+        self.hits += len(texts) - (self.misses - before)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._table[t] for t in texts])
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        """Async :meth:`embed`."""
+        return self.embed(texts)
+
+    def clear(self) -> None:
+        """Forget every cached vector."""
+        self._table.clear()
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class Dataset:
+    """Conversations read from one input.
+
+    Attributes:
+        label: a short unique name (the file's stem, or ``"realmem_excerpt"``).
+        source: ``"locomo"``, ``"realmem"`` or ``"jsonl"``.
+        file: the input's file name (no directory), or ``"bundled:<name>"``.
+        sha256: the first 16 hex digits of the file's SHA-256.
+        conversations: the loaded conversations.
+    """
+
+    label: str
+    source: str
+    file: str
+    sha256: str
+    conversations: list[Conversation] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-data facts (no messages)."""
+        return {"label": self.label, "source": self.source, "file": self.file, "sha256": self.sha256}
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def load_datasets(
+    *,
+    locomo: Sequence[str | Path] = (),
+    realmem: Sequence[str | Path] = (),
+    jsonl: Sequence[str | Path] = (),
+    realmem_excerpt: bool = False,
+    categories: Iterable[int] | None = (1, 2, 3, 4),
+    conversations: Iterable[str] | None = None,
+) -> list[Dataset]:
+    """Load every input with its loader, keeping only the named conversations.
+
+    Args:
+        locomo: LoCoMo JSON files. realmem: RealMem persona files. jsonl: JSON Lines conversations.
+        realmem_excerpt: also evaluate the RealMem excerpt bundled with the package.
+        categories: LoCoMo QA categories to keep, default 1-4 (``None`` = all).
+        conversations: conversation ids to keep (``None`` = all); every id must exist somewhere.
+
+    Returns:
+        The datasets (those left without conversations are dropped).
+
+    Raises:
+        InvalidInputError: no input, an unreadable file, or a conversation id found in no input.
+    """
+    if not (locomo or realmem or jsonl or realmem_excerpt):
+        raise InvalidInputError(
+            "No data to evaluate; pass --locomo PATH, --realmem PATH or --jsonl PATH (any number), "
+            "or --realmem-excerpt for the bundled sample."
+        )
+    out: list[Dataset] = []
+    labels: set[str] = set()
+
+    def label_for(stem: str) -> str:
+        lab, i = stem, 2
+        while lab in labels:
+            lab, i = f"{stem}-{i}", i + 1
+        labels.add(lab)
+        return lab
+
+    for kind, paths in (("locomo", locomo), ("realmem", realmem), ("jsonl", jsonl)):
+        for p in paths:
+            path = Path(p)
+            if not path.is_file():
+                raise InvalidInputError(f"--{kind}: no such file {path}; pass the path of an existing file.")
+            if kind == "locomo":
+                convs = load_locomo(path, categories)
+            elif kind == "realmem":
+                convs = [load_realmem(path)]
+            else:
+                convs = [load_jsonl(path)]
+            out.append(Dataset(label_for(path.stem), kind, path.name, _sha(path), convs))
+    if realmem_excerpt:
+        from importlib import resources
+
+        from .data import EXCERPT_RESOURCE
+
+        res = resources.files("shared_core") / "data" / EXCERPT_RESOURCE
+        with resources.as_file(res) as p:
+            sha = _sha(Path(p))
+        out.append(
+            Dataset(
+                label_for("realmem_excerpt"),
+                "realmem",
+                f"bundled:{EXCERPT_RESOURCE}",
+                sha,
+                [load_realmem_excerpt()],
+            )
+        )
+    if conversations is not None:
+        wanted = [str(c) for c in conversations]
+        found = {c.id for d in out for c in d.conversations}
+        missing = [w for w in wanted if w not in found]
+        if missing:
+            raise InvalidInputError(
+                f"Conversation(s) {', '.join(missing)} not found; available: {', '.join(sorted(found))}."
+            )
+        for d in out:
+            d.conversations = [c for c in d.conversations if c.id in wanted]
+        out = [d for d in out if d.conversations]
+    return out
+
+
+# --------------------------------------------------------------------------- one conversation
+def _batches(conv: Conversation, end: int, mode: str) -> list[tuple[int, int]]:
+    """Consecutive ``[start, stop)`` add batches covering messages ``0..end`` without crossing a query."""
+    cuts = {0, end}
+    cuts.update(q.position for q in conv.queries if 0 < q.position < end)
+    if mode == "message":
+        cuts.update(range(end))
+    elif mode == "session":
+        prev = None
+        for i, m in enumerate(conv.messages[:end]):
+            key = m.metadata.get("session", m.timestamp)
+            if i and key != prev:
+                cuts.add(i)
+            prev = key
+    edges = sorted(cuts)
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+def _usage_of(obj: Any) -> Usage:
+    u = getattr(obj, "usage", None)
+    return u.copy() if isinstance(u, Usage) else Usage()
+
+
+_STAT_KEYS = ("nodes", "leaves", "internal_nodes", "max_depth", "mean_depth", "mean_branching", "height")
+
+
+def evaluate_conversation(
+    conv: Conversation,
+    specs: Sequence[MethodSpec],
+    *,
+    embedder: Any,
+    k: int = 10,
+    max_tokens: int | None = None,
+    max_queries: int | None = None,
+    add_batch: str = "session",
+    memory_llm: Any = None,
+    judge: Any = None,
+    dataset: str = "",
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Evaluate every method on one conversation, online, one object per build.
+
+    Messages are added in arrival order in batches (``add_batch``) that never cross a query position,
+    to every build; after new messages each build answers one untimed :data:`WARMUP_QUERY` (with its
+    ``collapsed`` policy when it has one), whose time is counted as construction ("refresh"), so that
+    index work deferred to the next query is not charged to whichever policy is asked first; then at a
+    query's position every method (build + policy) retrieves ``k`` hits (within ``max_tokens`` when
+    given). Per query and method:
+
+    * ``evidence_recall``: share of the evidence ids carried by the *leaf* hits (a summary node counts
+      for nothing here) — recall@k at leaf level;
+    * ``span_recall``: share of evidence ids carried by some leaf under some hit (for memories whose
+      nodes cover contiguous spans, exactly "a hit's span contains the evidence");
+    * ``answer_token_recall``: share of the gold answer's content words in the joined hit texts;
+    * ``returned_tokens`` (:func:`~shared_core.eval.metrics.count_tokens`), ``n_hits``, ``leaf_hits``;
+    * ``latency_ms`` / ``latency_cpu_ms``: wall-clock and process CPU milliseconds of ``retrieve``;
+    * with ``judge``: ``answer``, ``llm_accuracy`` (the 0/1 verdict or None), ``rouge_l_recall``.
+
+    Args:
+        conv: the conversation.
+        specs: the methods (from :func:`parse_methods`).
+        embedder: the embedder shared by every method (a :class:`CachingEmbedder` is primed with the
+            messages and questions).
+        k: hits per query, default 10.
+        max_tokens: optional returned-token budget per query.
+        max_queries: evaluate only the first N queries (by position), default all.
+        add_batch: one of :data:`ADD_BATCH_MODES`, default ``"session"``.
+        memory_llm: LLM given to the memories (``None``: LLM-free memories).
+        judge: an :class:`~shared_core.eval.judge.AnswerJudge`, or ``None``.
+        dataset: the dataset label written into each row.
+        progress: an object with ``update(n)`` (e.g. a tqdm bar) or ``None``.
+
+    Returns:
+        ``{"conversation", "dataset", "data": {...}, "builds": {build: construction}, "methods":
+        {name: {"queries": [rows]}}}`` (plain data, NaN as None).
+
+    Raises:
+        InvalidInputError: bad ``k`` / ``max_tokens`` / ``add_batch``, or a query position outside the
+            conversation.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    if add_batch not in ADD_BATCH_MODES:
+        raise InvalidInputError(f"add_batch must be one of {ADD_BATCH_MODES}, got {add_batch!r}.")
+    if not specs:
+        raise InvalidInputError("No methods to evaluate.")
+    queries = sorted(conv.queries, key=lambda q: q.position)
+    if max_queries is not None:
+        queries = queries[: int(max_queries)]
+    for q in queries:
+        if not 0 <= q.position <= len(conv.messages):
+            raise InvalidInputError(
+                f"Query {q.id} is asked at position {q.position}, outside 0..{len(conv.messages)}."
+            )
+    end = max((q.position for q in queries), default=0)
+    if isinstance(embedder, CachingEmbedder):
+        embedder.prime([m.render() for m in conv.messages[:end]] + [q.question for q in queries])
+
+    builds: dict[str, Any] = {}
+    cost: dict[str, dict[str, Any]] = {}
+    for s in specs:
+        if s.build not in builds:
+            builds[s.build] = _make_build(s, embedder, memory_llm if s.is_memory else None)
+            cost[s.build] = {
+                "kind": s.kind,
+                "messages": 0,
+                "add_calls": 0,
+                "wall_seconds": 0.0,
+                "cpu_seconds": 0.0,
+                "refresh_wall_seconds": 0.0,
+                "refresh_cpu_seconds": 0.0,
+            }
+    warm = {}
+    for s in specs:
+        if s.build not in warm:
+            pols = getattr(builds[s.build], "policies", ())
+            warm[s.build] = {
+                "k": k,
+                **(
+                    {"policy": "collapsed" if "collapsed" in pols else s.policy}
+                    if s.policy is not None
+                    else {}
+                ),
+            }
+    rows: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
+    batches = _batches(conv, end, add_batch)
+    bi = 0
+    for q in queries:
+        dirty = False
+        while bi < len(batches) and batches[bi][1] <= q.position:
+            dirty = True
+            a, b = batches[bi]
+            chunk = conv.messages[a:b]
+            for key, obj in builds.items():
+                w0, c0 = time.perf_counter(), time.process_time()
+                obj.add(chunk)
+                c = cost[key]
+                c["wall_seconds"] += time.perf_counter() - w0
+                c["cpu_seconds"] += time.process_time() - c0
+                c["messages"] += len(chunk)
+                c["add_calls"] += 1
+            if progress is not None:
+                progress.update(len(chunk))
+            bi += 1
+        if dirty:  # indexes refreshed lazily at the next query are construction work, not query latency
+            for key, obj in builds.items():
+                w0, c0 = time.perf_counter(), time.process_time()
+                obj.retrieve(WARMUP_QUERY, **warm[key])
+                cost[key]["refresh_wall_seconds"] += time.perf_counter() - w0
+                cost[key]["refresh_cpu_seconds"] += time.process_time() - c0
+        for s in specs:
+            obj = builds[s.build]
+            kw: dict[str, Any] = {"k": k}
+            if max_tokens is not None:
+                kw["max_tokens"] = int(max_tokens)
+            if s.policy is not None:
+                kw["policy"] = s.policy
+            w0, c0 = time.perf_counter(), time.process_time()
+            hits = list(obj.retrieve(q.question, **kw))
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            rows[s.name].append(_score(conv, q, hits, wall, cpu, judge, dataset))
+        if progress is not None:
+            progress.update(1)
+    for key, obj in builds.items():
+        c = cost[key]
+        c["usage"] = _usage_of(obj).to_dict()
+        with contextlib.suppress(Exception):
+            st = obj.stats()
+            c["stats"] = {s: st[s] for s in _STAT_KEYS if s in st}
+    return _nan_to_none(
+        {
+            "conversation": conv.id,
+            "dataset": dataset,
+            "data": {
+                "messages": len(conv.messages),
+                "messages_ingested": end,
+                "queries": len(conv.queries),
+                "queries_evaluated": len(queries),
+                "skipped_evidence": conv.skipped_evidence,
+                "skipped_queries": int(conv.meta.get("skipped_queries", 0)),
+                "source": conv.meta.get("source"),
+            },
+            "builds": cost,
+            "methods": {name: {"queries": r} for name, r in rows.items()},
+        }
+    )
+
+
+def _score(
+    conv: Conversation, q: Any, hits: list[Any], wall: float, cpu: float, judge: Any, dataset: str
+) -> dict[str, Any]:
+    texts = [h.text for h in hits]
+    leaf_ids = [sid for h in hits if h.is_leaf for sid in h.source_ids]
+    all_ids = [sid for h in hits for sid in h.source_ids]
+    has_ev = bool(q.evidence)
+    row: dict[str, Any] = {
+        "dataset": dataset,
+        "conversation": conv.id,
+        "query_id": q.id,
+        "category": q.category,
+        "position": q.position,
+        "n_evidence": len(q.evidence),
+        "evidence_recall": evidence_recall(leaf_ids, q.evidence) if has_ev else math.nan,
+        "span_recall": evidence_recall(all_ids, q.evidence) if has_ev else math.nan,
+        "answer_token_recall": answer_token_recall(q.answer, texts) if q.answer.strip() else math.nan,
+        "returned_tokens": count_tokens(texts),
+        "n_hits": len(hits),
+        "leaf_hits": sum(1 for h in hits if h.is_leaf),
+        "latency_ms": wall * 1e3,
+        "latency_cpu_ms": cpu * 1e3,
+        "hits": [
+            {
+                "node_id": int(h.node_id),
+                "is_leaf": bool(h.is_leaf),
+                "depth": int(h.depth),
+                "span": [int(h.span[0]), int(h.span[1])],
+                "n_sources": len(h.source_ids),
+                **({"source_ids": list(h.source_ids)} if h.is_leaf else {}),
+            }
+            for h in hits
+        ],
+    }
+    if judge is not None:
+        ja = judge(q.question, q.answer, texts)
+        row["answer"] = ja.answer
+        row["llm_accuracy"] = ja.verdict
+        row["rouge_l_recall"] = ja.rouge_l_recall
+        row["judge_raw"] = ja.judge_raw
+        row["llm_usage"] = ja.usage.to_dict()
+    return row
+
+
+# --------------------------------------------------------------------------- aggregation
+def _mean(vals: Iterable[Any]) -> float | None:
+    xs = [float(v) for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return float(np.mean(xs)) if xs else None
+
+
+def _summary(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_queries": len(rows)}
+    for m in metrics:
+        out[m] = _mean(r.get(m) for r in rows)
+    lat = [r["latency_ms"] for r in rows if r.get("latency_ms") is not None]
+    out["latency_ms_median"] = float(np.median(lat)) if lat else None
+    out["latency_ms_p95"] = float(np.percentile(lat, 95)) if lat else None
+    if "llm_accuracy" in metrics:
+        out["judged"] = sum(1 for r in rows if r.get("llm_accuracy") is not None)
+    return out
+
+
+def _by_category(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get("category")), []).append(r)
+    return {c: _summary(g, metrics) for c, g in groups.items()}
+
+
+def _construction(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    n = sum(int(p.get("messages", 0)) for p in parts)
+    tot = Usage()
+    wall = cpu = r_wall = r_cpu = 0.0
+    for p in parts:
+        tot += Usage(**p.get("usage", {}))
+        wall += float(p.get("wall_seconds", 0.0))
+        cpu += float(p.get("cpu_seconds", 0.0))
+        r_wall += float(p.get("refresh_wall_seconds", 0.0))
+        r_cpu += float(p.get("refresh_cpu_seconds", 0.0))
+    per = max(n, 1)
+    return {
+        "messages": n,
+        "embed_calls_per_message": tot.embed_calls / per,
+        "embedded_texts_per_message": tot.embedded_texts / per,
+        "llm_calls_per_message": tot.llm_calls / per,
+        "prompt_tokens_per_message": tot.prompt_tokens / per,
+        "completion_tokens_per_message": tot.completion_tokens / per,
+        "model_seconds_per_message": tot.seconds / per,
+        "wall_ms_per_message": 1e3 * (wall + r_wall) / per,
+        "cpu_ms_per_message": 1e3 * (cpu + r_cpu) / per,
+        "refresh_cpu_ms_per_message": 1e3 * r_cpu / per,
+        "total": {
+            **tot.to_dict(),
+            "wall_seconds": wall,
+            "cpu_seconds": cpu,
+            "refresh_wall_seconds": r_wall,
+            "refresh_cpu_seconds": r_cpu,
+        },
+    }
+
+
+def aggregate_results(
+    conv_results: Sequence[Mapping[str, Any]], specs: Sequence[MethodSpec], *, with_llm: bool = False
+) -> dict[str, Any]:
+    """Pool per-conversation results into per-method aggregates.
+
+    Args:
+        conv_results: outputs of :func:`evaluate_conversation`.
+        specs: the methods, in report order.
+        with_llm: include :data:`LLM_METRICS`.
+
+    Returns:
+        ``{name: {"build", "kind", "policy", "overall", "by_category", "by_dataset": {label: {"overall",
+        "by_category", "construction"}}, "construction"}}``; ``overall`` holds the mean of each metric
+        (``None`` when undefined), ``n_queries``, ``latency_ms_median`` and ``latency_ms_p95``;
+        ``construction`` the build's cost per message (shared by the policies of one build).
+    """
+    metrics = list(QUERY_METRICS) + (list(LLM_METRICS) if with_llm else [])
+    out: dict[str, Any] = {}
+    for s in specs:
+        rows = [r for c in conv_results for r in c["methods"].get(s.name, {}).get("queries", [])]
+        parts = [c["builds"][s.build] for c in conv_results if s.build in c["builds"]]
+        by_ds: dict[str, Any] = {}
+        for label in dict.fromkeys(c["dataset"] for c in conv_results):
+            ds_rows = [r for r in rows if r.get("dataset") == label]
+            ds_parts = [
+                c["builds"][s.build] for c in conv_results if c["dataset"] == label and s.build in c["builds"]
+            ]
+            by_ds[label] = {
+                "overall": _summary(ds_rows, metrics),
+                "by_category": _by_category(ds_rows, metrics),
+                "construction": _construction(ds_parts),
+            }
+        out[s.name] = {
+            **s.to_dict(),
+            "overall": _summary(rows, metrics),
+            "by_category": _by_category(rows, metrics),
+            "by_dataset": by_ds,
+            "construction": _construction(parts),
+        }
+    return _nan_to_none(out)
+
+
+# --------------------------------------------------------------------------- the run
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("hiermem", "numpy", "faiss-cpu", "bm25s", "sentence-transformers", "torch"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "conversation"
+
+
+def _fingerprint(cfg: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_eval(
+    *,
+    locomo: Sequence[str | Path] = (),
+    realmem: Sequence[str | Path] = (),
+    jsonl: Sequence[str | Path] = (),
+    realmem_excerpt: bool = False,
+    methods: str | Sequence[str] | None = None,
+    k: int = 10,
+    max_tokens: int | None = None,
+    conversations: Iterable[str] | None = None,
+    max_queries: int | None = None,
+    categories: Iterable[int] | None = (1, 2, 3, 4),
+    add_batch: str = "session",
+    out: str | Path | None = None,
+    llm: Any = None,
+    llm_name: str | None = None,
+    judge: Any = None,
+    llm_memories: bool = False,
+    embedder: Any = None,
+    embed_cache: bool = True,
+    resume: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Run an evaluation end to end and (with ``out``) write its files.
+
+    Files in ``out``: ``results.json`` (configuration, data facts, per-method aggregates),
+    ``results.md`` (Markdown tables), ``results.png`` (bar chart), and ``conversations/<dataset>__<id>.json``
+    (per-query rows and construction cost of one conversation; with ``resume`` an existing file made
+    with the same configuration is reused instead of recomputed).
+
+    Args:
+        locomo, realmem, jsonl: input files (any number of each).
+        realmem_excerpt: also evaluate the RealMem excerpt bundled with the package.
+        methods: method specs (see the module docstring), default all.
+        k: hits per query, default 10.
+        max_tokens: returned-token budget per query, default none.
+        conversations: conversation ids to evaluate, default all.
+        max_queries: first N queries per conversation (by position), default all.
+        categories: LoCoMo categories, default 1-4.
+        add_batch: one of :data:`ADD_BATCH_MODES`, default ``"session"``.
+        out: output directory, default ``None`` (nothing written).
+        llm: an LLM answering and judging (any :class:`~shared_core.models.base.LLM`), default none.
+        llm_name: how to name the LLM in the configuration (e.g. ``"openai:gpt-4o-mini"``).
+        judge: a ready :class:`~shared_core.eval.judge.AnswerJudge` (default: one built on ``llm``).
+        llm_memories: give ``llm`` to the memories too (LLM summaries and LLM-only policies).
+        embedder: the embedder of every method, default :class:`~shared_core.models.local.LocalEmbedder`.
+        embed_cache: share embeddings between methods through :class:`CachingEmbedder`, default ``True``.
+        resume: reuse conversation files already in ``out`` (same configuration only).
+        progress: show a progress bar (tqdm), default ``True``.
+        command: the command line, recorded in the configuration.
+
+    Returns:
+        The results document (what ``results.json`` holds).
+
+    Raises:
+        InvalidInputError: bad arguments or inputs; ``resume`` over results made with another
+            configuration; ``llm_memories`` without ``llm``.
+        UnknownPolicyError, LLMRequiredError: see :func:`parse_methods`.
+
+    References:
+        hiermem DESIGN "Evaluation"; LoCoMo (Maharana et al., 2024) and RealMem (Bian et al., 2026)
+        evidence; MemTree paper Sec. 4 and App. A.2.2 (answer generation and LLM judge).
+    """
+    t_start = time.perf_counter()
+    if llm_memories and llm is None:
+        raise InvalidInputError("llm_memories needs an LLM; pass --llm openai:MODEL.")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    if max_queries is not None and (isinstance(max_queries, bool) or int(max_queries) < 1):
+        raise InvalidInputError(f"max_queries must be a positive integer, got {max_queries!r}.")
+    if add_batch not in ADD_BATCH_MODES:
+        raise InvalidInputError(f"add_batch must be one of {', '.join(ADD_BATCH_MODES)}, got {add_batch!r}.")
+    specs = parse_methods(methods, memory_llm=llm_memories)
+    datasets = load_datasets(
+        locomo=locomo,
+        realmem=realmem,
+        jsonl=jsonl,
+        realmem_excerpt=realmem_excerpt,
+        categories=categories,
+        conversations=conversations,
+    )
+    if judge is None and llm is not None:
+        from .judge import AnswerJudge
+
+        judge = AnswerJudge(llm)
+    if embedder is None:
+        from ..models.local import LocalEmbedder
+
+        embedder = LocalEmbedder()
+    emb = CachingEmbedder(embedder) if embed_cache and not isinstance(embedder, CachingEmbedder) else embedder
+    emb_name = str(
+        getattr(embedder, "name", None)
+        or (f"openai:{embedder.model}" if isinstance(getattr(embedder, "model", None), str) else None)
+        or type(embedder).__name__
+    )
+    config: dict[str, Any] = {
+        "methods": [s.to_dict() for s in specs],
+        "k": k,
+        "max_tokens": max_tokens,
+        "max_queries": max_queries,
+        "categories": None if categories is None else sorted(int(c) for c in categories),
+        "add_batch": add_batch,
+        "conversations": None if conversations is None else list(conversations),
+        "embedder": emb_name,
+        "embed_cache": bool(embed_cache),
+        "llm": llm_name if llm is not None else None,
+        "llm_memories": bool(llm_memories),
+        "inputs": [d.describe() for d in datasets],
+    }
+    fp_cfg = {k_: v for k_, v in config.items() if k_ not in ("conversations", "inputs")}
+    out_dir = Path(out) if out is not None else None
+    conv_dir = out_dir / "conversations" if out_dir is not None else None
+    if conv_dir is not None:
+        conv_dir.mkdir(parents=True, exist_ok=True)
+    todo = [(d, c) for d in datasets for c in d.conversations]
+    total = 0
+    for _, c in todo:
+        qs = sorted(c.queries, key=lambda q: q.position)[: max_queries or None]
+        total += max((q.position for q in qs), default=0) + len(qs)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="hiermem eval", unit="step")
+    results: list[dict[str, Any]] = []
+    reused: list[str] = []
+    try:
+        for d, c in todo:
+            fp = _fingerprint({**fp_cfg, "input": d.describe(), "conversation": c.id})
+            path = conv_dir / f"{_safe(d.label)}__{_safe(c.id)}.json" if conv_dir is not None else None
+            if resume and path is not None and path.is_file():
+                try:
+                    prev = json.loads(path.read_text(encoding="utf-8"))
+                except json.JSONDecodeError:
+                    prev = None  # a file cut short by an interrupted run: recompute it
+                if prev is not None:
+                    if prev.get("fingerprint") != fp:
+                        raise InvalidInputError(
+                            f"{path.name} in {out_dir} was made with another configuration (methods, k, "
+                            "budget, data or LLM); rerun without --resume or use another --out."
+                        )
+                    results.append(prev)
+                    reused.append(c.id)
+                    if bar is not None:
+                        qs = sorted(c.queries, key=lambda q: q.position)[: max_queries or None]
+                        bar.update(max((q.position for q in qs), default=0) + len(qs))
+                    continue
+            if bar is not None:
+                bar.set_description(f"{d.label}/{c.id}")
+            res = evaluate_conversation(
+                c,
+                specs,
+                embedder=emb,
+                k=k,
+                max_tokens=max_tokens,
+                max_queries=max_queries,
+                add_batch=add_batch,
+                memory_llm=llm if llm_memories else None,
+                judge=judge,
+                dataset=d.label,
+                progress=bar,
+            )
+            res["fingerprint"] = fp
+            if isinstance(emb, CachingEmbedder):
+                emb.clear()
+            if path is not None:
+                tmp = path.with_suffix(".json.tmp")
+                tmp.write_text(json.dumps(res, indent=1), encoding="utf-8")
+                tmp.replace(path)
+            results.append(res)
+    finally:
+        if bar is not None:
+            bar.close()
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "config": config,
+        "environment": {**_versions(), "platform": platform.platform(terse=True)},
+        "command": command,
+        "data": {
+            d.label: {
+                **d.describe(),
+                "conversations": {r["conversation"]: r["data"] for r in results if r["dataset"] == d.label},
+                "skipped_evidence": sum(
+                    r["data"]["skipped_evidence"] for r in results if r["dataset"] == d.label
+                ),
+                "skipped_queries": sum(
+                    r["data"]["skipped_queries"] for r in results if r["dataset"] == d.label
+                ),
+            }
+            for d in datasets
+        },
+        "methods": aggregate_results(results, specs, with_llm=llm is not None),
+        "resumed_conversations": reused,
+        "seconds": time.perf_counter() - t_start,
+    }
+    if out_dir is not None:
+        from .report import write_report
+
+        write_report(doc, out_dir)
+    return doc
