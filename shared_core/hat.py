@@ -19,6 +19,7 @@ import re
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -255,6 +256,7 @@ class HAT(HierarchicalMemory):
         summarizer: Summarizer | None = None,
         summary_chars: int = 600,
         cache_size: int = 10_000,
+        store: str | Path | None = None,
     ) -> None:
         if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 2:
             raise InvalidInputError(f"M (memory length) must be an integer >= 2, got {M!r}.")
@@ -271,7 +273,7 @@ class HAT(HierarchicalMemory):
         self._cache: OrderedDict[str, str] = OrderedDict()
         self._dirty: set[int] = set()
         self._counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
-        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars)
+        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
         self.default_k = self.k  # type: ignore[misc]
         self.default_policy = "greedy" if llm is None else "agent"  # type: ignore[misc]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -258,6 +259,7 @@ class MemTree(HierarchicalMemory):
         max_workers: int = 8,
         summarizer: Summarizer | None = None,
         summary_chars: int = 600,
+        store: str | Path | None = None,
     ) -> None:
         self.base_threshold = check_finite(base_threshold, "base_threshold")
         self.rate = check_finite(rate, "rate")
@@ -270,7 +272,7 @@ class MemTree(HierarchicalMemory):
         self.max_context = _positive_int(max_context, "max_context (characters)")
         self.max_workers = _positive_int(max_workers, "max_workers")
         self._set_state({})
-        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars)
+        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
         self.default_k = self.k  # type: ignore[misc]
 
     # ------------------------------------------------------------------ configuration

@@ -6,6 +6,7 @@ structure-aware retrieval by relevance propagation (Sec. 4.3, Algorithm 2).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,7 @@ class SegTreeMem(HierarchicalMemory):
         summarizer: Summarizer | None = None,
         summary_chars: int = 600,
         annotation_words: int = 120,
+        store: str | Path | None = None,
     ) -> None:
         if compat not in COMPAT_MODELS:
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
@@ -121,7 +123,7 @@ class SegTreeMem(HierarchicalMemory):
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
         self._W_cache: dict[str, Any] = {}
-        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars)
+        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
         self.default_k = self.k  # type: ignore[misc]
 
     @staticmethod

@@ -38,6 +38,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -966,6 +967,7 @@ class XMemory(HierarchicalMemory):
         answer_tokens: int = 32,
         summarizer: Summarizer | None = None,
         summary_chars: int = 600,
+        store: str | Path | None = None,
     ) -> None:
         if boundary not in BOUNDARY_MODES:
             raise UnknownPolicyError(f"boundary must be one of {BOUNDARY_MODES}, got {boundary!r}.")
@@ -1016,7 +1018,7 @@ class XMemory(HierarchicalMemory):
         self._custom_summarizer = summarizer is not None
         #: diagnostics of the last adaptive/representative retrieval (selected ids, Stage II probes)
         self.last_trace: dict[str, Any] = {}
-        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars)
+        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
 
     # ------------------------------------------------------------------ configuration and state
     def _default_summarizer(self) -> Summarizer:
