@@ -103,6 +103,8 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
             lines.append("| " + " | ".join(row) + " |")
             cats += [cat for cat in ds.get("by_category", {}) if cat not in cats]
         lines.append("")
+        if all(c.lstrip("-").isdigit() for c in cats):
+            cats.sort(key=int)
         if len(cats) > 1:
             lines.append(f"Evidence recall@{k} by category ({label}):")
             lines.append("")
