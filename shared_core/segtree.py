@@ -246,14 +246,29 @@ class SegTreeMem(HierarchicalMemory):
         self._annotate(nid, usage)
 
     def _compatibility(self, text: str, leaf_id: int, cands: list[int], usage: Usage) -> int | None:
-        """The compatibility model C: ``ℓ*`` in ``2..m`` (``cands[i]`` is level ``i + 2``) or ``None``."""
+        """The compatibility model C: ``ℓ*`` in ``2..m`` (``cands[i]`` is level ``i + 2``) or ``None``.
+
+        The LLM models are asked about distinct annotations only: a single-child chain node carries its
+        child's annotation, so a tall frontier repeats the same text many times, and a repeated text gets
+        the answer of its lowest occurrence (as ``argmax`` does for ``cosine``: the first of equal
+        maxima). This keeps a pointwise insertion to one question per distinct candidate.
+        """
         if not cands:
             return None
         if self.compat == "cosine":
             return self._cosine_compat(leaf_id, cands)
         assert self.llm is not None
+        seen: set[str] = set()
+        levels: list[int] = []  # the level of each distinct candidate, lowest occurrence
+        distinct: list[int] = []
+        for i, c in enumerate(cands):
+            t = self._store.nodes[c].text
+            if t not in seen:
+                seen.add(t)
+                levels.append(i + 2)
+                distinct.append(c)
         if self.compat == "pointwise_llm":
-            for i, c in enumerate(cands):
+            for level, c in zip(levels, distinct):
                 prompt = P.POINTWISE_USER.format(
                     candidate=fence(self._store.nodes[c].text), utterance=fence(text)
                 )
@@ -269,12 +284,12 @@ class SegTreeMem(HierarchicalMemory):
                 if not res.ok:
                     self._decisions["parse_fallbacks"] = self._decisions.get("parse_fallbacks", 0) + 1
                 if res.value == "MERGE":
-                    return i + 2
+                    return level
             return None
-        labels = [f"MERGE_{i + 1}" for i in range(len(cands))]
+        labels = [f"MERGE_{i + 1}" for i in range(len(distinct))]
         block = "\n\n".join(
             P.BATCH_CANDIDATE.format(i=i + 1, text=fence(self._store.nodes[c].text))
-            for i, c in enumerate(cands)
+            for i, c in enumerate(distinct)
         )
         prompt = P.BATCH_USER.format(candidates=block, utterance=fence(text), labels=", ".join(labels))
         res = complete_parsed(
@@ -291,7 +306,7 @@ class SegTreeMem(HierarchicalMemory):
             return self._cosine_compat(leaf_id, cands)
         if res.value == "SPLIT":
             return None
-        return int(res.value.split("_")[1]) + 1
+        return levels[int(res.value.split("_")[1]) - 1]
 
     def _cosine_compat(self, leaf_id: int, cands: list[int]) -> int | None:
         sims = self._vectors(cands) @ self._vector(leaf_id)

@@ -81,7 +81,6 @@ def tiny_conversation() -> Conversation:
 
 def write_jsonl(path: Path, conv: Conversation) -> Path:
     lines = []
-    qi = 0
     for i, m in enumerate([*conv.messages, None]):
         for q in conv.queries:
             if q.position == i:
@@ -94,7 +93,6 @@ def write_jsonl(path: Path, conv: Conversation) -> Path:
                         "id": q.id,
                     }
                 )
-                qi += 1
         if m is not None:
             lines.append(
                 {

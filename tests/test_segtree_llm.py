@@ -224,6 +224,48 @@ def test_pointwise_llm_unparseable_answer_falls_back_to_continue(llm, openai_ser
     assert mem.stats()["decisions"]["parse_fallbacks"] == 1
 
 
+def _tall_frontier(mem: SegTreeMem) -> list[str]:
+    """a, b, then c and d each split: the frontier above d is d, two chain copies of d, the root."""
+    mem.add(["topic1 a.", "topic1 b.", "topic2 c.", "topic3 d."])
+    texts = [mem._store.nodes[f].text for f in mem.frontier()]
+    assert texts[:3] == ["topic3 d."] * 3 and texts[3] != "topic3 d."
+    return texts
+
+
+def test_batch_llm_lists_each_distinct_annotation_once_at_its_lowest_level(llm, openai_server):
+    router = Router(compat=["SPLIT", "SPLIT", "MERGE_2"])
+    mem = mem_with(llm, openai_server, router, "batch_llm")
+    texts = _tall_frontier(mem)
+    rep = mem.add("topic3 e.")
+    blocks = candidate_blocks(router.prompts("batch")[-1])
+    # candidates f_2..f_4 are (d, d, root): asked as MERGE_1 = d, MERGE_2 = root
+    assert blocks == [("MERGE_1", "topic3 d."), ("MERGE_2", texts[3])]
+    assert rep.details[0]["attach_level"] == 4  # MERGE_2 is the root (level 4), not the chain copy
+    check_invariants(mem)
+
+
+def test_batch_llm_duplicate_answer_maps_to_the_lowest_copy(llm, openai_server):
+    router = Router(compat=["SPLIT", "SPLIT", "MERGE_1"])
+    mem = mem_with(llm, openai_server, router, "batch_llm")
+    _tall_frontier(mem)
+    assert mem.add("topic3 e.").details[0]["attach_level"] == 2
+    check_invariants(mem)
+
+
+def test_pointwise_llm_asks_once_per_distinct_annotation(llm, openai_server):
+    router = Router(compat=[], default="CONTINUE")
+    mem = mem_with(llm, openai_server, router, "pointwise_llm")
+    texts = _tall_frontier(mem)
+    n = len(router.prompts("pointwise"))
+    router.compat.extend(["CONTINUE", "MERGE"])
+    rep = mem.add("topic3 e.")
+    asked = router.prompts("pointwise")[n:]
+    assert len(asked) == 2  # d once (not three times), then the root
+    assert "<<<\ntopic3 d.\n>>>" in asked[0] and f"<<<\n{texts[3]}\n>>>" in asked[1]
+    assert rep.details[0]["attach_level"] == 4
+    check_invariants(mem)
+
+
 # --------------------------------------------------------------------------- annotations
 
 
