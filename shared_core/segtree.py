@@ -17,6 +17,7 @@ from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
 from .prompts import segtree as P
 from .propagation import propagate, propagation_matrix
+from .tree import ChildTexts
 from .types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError, Usage, check_finite
 
 __all__ = ["SegTreeMem"]
@@ -237,8 +238,7 @@ class SegTreeMem(HierarchicalMemory):
         if len(children) == 1:
             st.set_text(nid, st.nodes[children[0]].text)
             return
-        texts = [st.nodes[c].text for c in children]
-        text, u = self.summarizer.summarize(texts, max_words=self.annotation_words)
+        text, u = self.summarizer.summarize(ChildTexts(st, nid), max_words=self.annotation_words)
         usage += u
         st.set_text(nid, text)
 

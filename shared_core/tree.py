@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,6 +82,34 @@ class Node:
 
 
 _MISSING = object()
+
+
+class ChildTexts(Sequence[str]):
+    """Read-only view of the texts of a node's children, in child order, without copying them.
+
+    An aggregate function that looks at a few children (e.g. the first and the last) then costs O(1)
+    instead of O(branching); one that reads them all iterates the view as it would a list. Slicing
+    returns a list. The view is for the duration of one call: it reads the store live.
+
+    Args:
+        store: the node store.
+        nid: the parent node id.
+    """
+
+    def __init__(self, store: NodeStore, nid: int) -> None:
+        self._nodes = store.nodes
+        self._children = store.nodes[nid].children
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._nodes[c].text for c in self._children[i]]
+        return self._nodes[self._children[i]].text
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._nodes[c].text for c in self._children)
 
 
 class NodeStore:

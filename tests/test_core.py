@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shared_core.index import NodeIndex, normalize_rows
 from shared_core.propagation import propagate, propagation_matrix
-from shared_core.tree import Node, NodeStore, TreeInvariantError
+from shared_core.tree import ChildTexts, Node, NodeStore, TreeInvariantError
 from shared_core.types import (
     EmbeddingError,
     InvalidInputError,
@@ -476,3 +476,22 @@ def test_propagate_rejects_bad_parameters(alpha, horizon):
     W = propagation_matrix(np.array([-1, 0]), "top_down")
     with pytest.raises(InvalidInputError):
         propagate(W, np.array([0.5, 0.5]), alpha, horizon)
+
+
+@given(st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=12), st.integers(-14, 14))
+def test_child_texts_view_reads_like_the_list_of_child_texts(texts, i):
+    store = NodeStore()
+    store.begin()
+    parent = store.new_node(text="p").id
+    for t in texts:
+        store.add_child(parent, store.new_node(text=t, is_leaf=True).id)
+    view = ChildTexts(store, parent)
+    assert len(view) == len(texts) and list(view) == texts
+    assert view[1:-1] == texts[1:-1] and view[::-1] == texts[::-1]
+    if -len(texts) <= i < len(texts):
+        assert view[i] == texts[i]
+    else:
+        with pytest.raises(IndexError):
+            view[i]
+    store.set_text(store.nodes[parent].children[-1], "changed")  # a live view, not a copy
+    assert view[-1] == "changed"
