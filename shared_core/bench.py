@@ -33,6 +33,7 @@ import statistics
 import time
 import tracemalloc
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,14 +120,19 @@ class SpanEndsSummarizer:
 
     It costs O(1) per call and, like a real summary, drifts away from the newest message as the span
     grows to cover older topics. Each call registers a new text (``"summary <n>"``) in the embedder's
-    table.
+    table. Only the ``keep`` most recently used summaries stay in the table (a summary is used when it
+    is made and whenever it is the first or last child of a node being summarised), so the stub's own
+    memory stays bounded while a tree re-annotates its ancestors on every insert.
 
     Args:
         embedder_or_table: a :class:`ReplayEmbedder` (unknown child texts get its stand-in vectors) or
             a bare table (every child text must be in it).
+        keep: summaries kept in the table, default 200,000 (about 300 MB at 384-d).
     """
 
-    def __init__(self, embedder_or_table: ReplayEmbedder | dict[str, np.ndarray]) -> None:
+    def __init__(
+        self, embedder_or_table: ReplayEmbedder | dict[str, np.ndarray], keep: int = 200_000
+    ) -> None:
         if isinstance(embedder_or_table, ReplayEmbedder):
             self.table = embedder_or_table.table
             self._lookup: Callable[[str], np.ndarray] = embedder_or_table.vector
@@ -134,14 +140,24 @@ class SpanEndsSummarizer:
             self.table = embedder_or_table
             self._lookup = self.table.__getitem__
         self.n = 0
+        self.keep = int(keep)
+        self._recent: OrderedDict[str, None] = OrderedDict()
 
     def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
         """``("summary <n>", Usage())`` with the summary's vector registered in the table."""
-        v = self._lookup(texts[0]) + self._lookup(texts[-1])
+        first, last = texts[0], texts[-1]
+        v = self._lookup(first) + self._lookup(last)
+        for t in (first, last):
+            if t in self._recent:
+                self._recent.move_to_end(t)
         self.n += 1
         key = f"summary {self.n}"
         norm = float(np.linalg.norm(v))
         self.table[key] = (v / norm if norm > 0 else v).astype(np.float32)
+        self._recent[key] = None
+        while len(self._recent) > self.keep:
+            old, _ = self._recent.popitem(last=False)
+            self.table.pop(old, None)
         return key, Usage()
 
     async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:

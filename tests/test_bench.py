@@ -61,6 +61,17 @@ def test_replay_embedder_and_stub_summarisers():
     assert h.summarize(["x", "y"])[0] != h.summarize(["x", "z"])[0] and h.calls == 2
 
 
+def test_span_ends_summarizer_keeps_only_the_recently_used_summaries():
+    table = {t: v for t, v in zip("abcd", np.eye(4, dtype=np.float32))}
+    s = B.SpanEndsSummarizer(B.ReplayEmbedder(table, dim=4), keep=2)
+    k1, _ = s.summarize(["a", "b"])
+    k2, _ = s.summarize(["c", "d"])
+    k3, _ = s.summarize([k1, "c"])  # uses k1: k2 is now the least recently used
+    assert k1 in table and k3 in table and k2 not in table
+    assert set("abcd") <= set(table)  # the stream's own vectors are never dropped
+    assert len([t for t in table if t.startswith("summary")]) == 2
+
+
 def test_flat_search_timings_find_the_true_top_k():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((500, 16)).astype(np.float32)
