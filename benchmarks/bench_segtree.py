@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
@@ -27,7 +26,13 @@ import faiss
 import numpy as np
 
 from shared_core import SegTreeMem
-from shared_core.bench import ReplayEmbedder, SpanEndsSummarizer, topical_stream
+from shared_core.bench import (
+    ReplayEmbedder,
+    SpanEndsSummarizer,
+    machine_description,
+    pin_threads,
+    topical_stream,
+)
 from shared_core.types import Usage
 
 DIM = 384
@@ -51,18 +56,20 @@ def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 5
     qs = [texts[int(j)] for j in rng.integers(0, len(texts), size=queries)]
     for q in qs[:3]:
         mem.retrieve(q, k=10, policy="bottom_up", horizon=2, admissible="all")  # warm caches
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()
     for q in qs:
         mem.retrieve(q, k=10, policy="bottom_up", horizon=2, admissible="all")
     tree_ms = (time.perf_counter() - s) / queries * 1e3
+    tree_cpu_ms = (time.process_time() - c) / queries * 1e3
     assert mem._index is not None
     flat = faiss.IndexFlatIP(DIM)
     flat.add(mem._index.get(mem._index.ids.tolist()))
     qv = np.stack([table[q] for q in qs]).astype(np.float32)
-    s = time.perf_counter()
+    s, c = time.perf_counter(), time.process_time()
     for j in range(queries):
         flat.search(qv[j : j + 1], 10)
     flat_ms = (time.perf_counter() - s) / queries * 1e3
+    flat_cpu_ms = (time.process_time() - c) / queries * 1e3
     return {
         "leaves": len(texts),
         "nodes": stats["nodes"],
@@ -75,6 +82,9 @@ def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 5
         "bottom_up_H2_ms_per_query": tree_ms,
         "flat_faiss_ms_per_query": flat_ms,
         "retrieval_ratio_to_flat": tree_ms / flat_ms,
+        "bottom_up_H2_cpu_ms_per_query": tree_cpu_ms,
+        "flat_faiss_cpu_ms_per_query": flat_cpu_ms,
+        "retrieval_cpu_ratio_to_flat": tree_cpu_ms / flat_cpu_ms,
     }
 
 
@@ -128,15 +138,14 @@ def main() -> None:
     ap.add_argument("--leaves", type=int, default=100_000)
     ap.add_argument("--out", type=str, default=None)
     args = ap.parse_args()
+    pin_threads()  # one BLAS/FAISS thread: the flat search and the tree pay the same
+    start = machine_description()
     res = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": __import__("os").cpu_count(),
-        },
+        "machine": {"start": start},
         "insert_and_retrieve": bench_insert_and_retrieve(args.leaves),
         "model_calls": model_calls_per_insert(),
     }
+    res["machine"]["end"] = machine_description()
     text = json.dumps(res, indent=2)
     print(text)
     if args.out:
