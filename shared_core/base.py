@@ -421,7 +421,21 @@ class HierarchicalMemory(abc.ABC):
             vecs = self._embed([st.nodes[i].text for i in stale], self._tx_usage)
             for i, v in zip(stale, vecs):
                 self._pending[i] = (st.nodes[i].text, v)
-        return np.stack([self._vector(i) for i in nids])
+        rows: list[np.ndarray | None] = []
+        indexed: list[int] = []  # positions whose vector is the indexed one: one index read for all
+        for j, i in enumerate(nids):
+            p = self._pending.get(i)
+            if p is None and i not in st.changed:
+                indexed.append(j)
+                rows.append(None)
+            else:
+                rows.append(self._vector(i))
+        if indexed:
+            assert self._index is not None
+            got = self._index.get([nids[j] for j in indexed])
+            for j, v in zip(indexed, got):
+                rows[j] = v
+        return np.stack(rows)  # type: ignore[arg-type]
 
     def _prefetch(self, messages: Sequence[Message], usage: Usage) -> None:
         """Embed every message's rendered text in one call, and let the summariser prepare for them."""
