@@ -73,6 +73,7 @@ def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 5
     return {
         "leaves": len(texts),
         "nodes": stats["nodes"],
+        "tree_nodes": stats["tree_nodes"],
         "height": stats["height"],
         "mean_branching": stats["mean_branching"],
         "decisions": stats["decisions"],

@@ -628,6 +628,10 @@ class HierarchicalMemory(abc.ABC):
                 break
         return hits
 
+    def _depth(self, nid: int) -> int:
+        """Depth of a node below the root (root 0), as reported in hits."""
+        return self._store.depth(nid)
+
     def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit:
         """Build the :class:`Hit` of node ``nid``."""
         st = self._store
@@ -642,7 +646,7 @@ class HierarchicalMemory(abc.ABC):
             node_id=nid,
             text=node.text,
             score=score,
-            depth=st.depth(nid),
+            depth=self._depth(nid),
             is_leaf=node.is_leaf,
             span=node.span,
             source_ids=st.source_ids_under(nid),

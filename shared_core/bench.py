@@ -560,7 +560,14 @@ def bench_memory(
                     "nodes": st.get("nodes"),
                     "stats": {
                         k: st[k]
-                        for k in ("internal_nodes", "max_depth", "mean_depth", "mean_branching", "height")
+                        for k in (
+                            "internal_nodes",
+                            "max_depth",
+                            "mean_depth",
+                            "mean_branching",
+                            "height",
+                            "tree_nodes",
+                        )
                         if k in st
                     },
                     "build_wall_s": build_w,

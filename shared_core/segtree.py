@@ -35,6 +35,13 @@ class SegTreeMem(HierarchicalMemory):
     the rightmost leaf and is attached, through a chain of single-child nodes, to the frontier node the
     compatibility model picks, or under a new root when none is compatible.
 
+    A single-child chain node is an exact copy of the node below it (annotation, span, vector), so it
+    is not stored: a node whose parent is ``g + 1`` levels up stands for itself and ``g`` copies, and a
+    copy is stored only when it receives a second child. The tree is Algorithm 1's node for node
+    (``stats()["tree_nodes"]`` counts the copies, ``stats()["nodes"]`` the stored nodes), retrieval
+    propagates over the copies too, and inserting costs time and memory in the stored nodes on the
+    frontier rather than in the height, which grows with every NONE decision (App. C.3).
+
     Args:
         embedder: the embedder (default: the embedded all-MiniLM-L6-v2).
         llm: an LLM for annotations and LLM compatibility models, or ``None`` (extractive annotations).
@@ -127,6 +134,7 @@ class SegTreeMem(HierarchicalMemory):
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
+        self._last_full: np.ndarray = np.zeros(0)
         self._W_cache: dict[str, Any] = {}
         super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
         self.default_k = self.k  # type: ignore[misc]
@@ -174,10 +182,15 @@ class SegTreeMem(HierarchicalMemory):
 
     # ------------------------------------------------------------------ construction (Algorithm 1)
     def frontier(self) -> list[int]:
-        """The rightmost frontier ``F_t = (f_1, ..., f_m)``: node ids from the rightmost leaf up to the root.
+        """The rightmost frontier ``F_t = (f_1, ..., f_m)``: one node id per level, from the rightmost leaf
+        (level 1) up to the root (level ``m``).
+
+        Single-child chain nodes are not stored: a node whose parent is more than one level above it
+        stands for itself and for the single-child copies of it in between (same annotation, same span,
+        same vector), so a level held by such a copy repeats the id of the node it copies.
 
         References:
-            Sec. 4.2, Eq. (2).
+            Sec. 4.2, Eq. (2); Appendix A, Algorithm 1 (chains, lines 10 and 15).
         """
         st = self._store
         if st.root is None:
@@ -185,7 +198,12 @@ class SegTreeMem(HierarchicalMemory):
         path = [st.root]
         while st.nodes[path[-1]].children:
             path.append(st.nodes[path[-1]].children[-1])
-        return path[::-1]
+        out: list[int] = []
+        for j in range(len(path) - 1, -1, -1):  # leaf first
+            nid = path[j]
+            top = st.nodes[path[j - 1]].level - 1 if j > 0 else st.nodes[nid].level
+            out.extend([nid] * (top - st.nodes[nid].level + 1))
+        return out
 
     def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
         st = self._store
@@ -198,43 +216,45 @@ class SegTreeMem(HierarchicalMemory):
         F = self.frontier()  # line 7
         m = len(F)
         ell = self._compatibility(text, leaf.id, F[1:], usage)  # line 8: None or 2..m
-        if ell is not None:  # lines 9-12
-            top = self._chain(leaf.id, ell - 2)
-            target = F[ell - 1]
-            st.add_child(target, top)
-            update = [target, *F[ell:]]
+        if ell is not None:  # lines 9-12; the chain of ell - 2 copies above the leaf is implicit
+            target = self._stored_at(F[ell - 1], ell)
+            st.add_child(target, leaf.id)
+            update = [target, *st.ancestors(target)]
             decision = f"merge_{ell}"
-        else:  # lines 13-17
+        else:  # lines 13-17; the chain of m - 1 copies above the leaf is implicit
             old_root = st.root
             assert old_root is not None
             root = st.new_node(level=m + 1)
             st.add_child(root.id, old_root)
             st.set_root(root.id)
-            top = self._chain(leaf.id, m - 1)
-            st.add_child(root.id, top)
+            st.add_child(root.id, leaf.id)
             update = [root.id]
             decision = "none"
-        for u in update:  # lines 19-22, bottom-up
+        for u in update:  # lines 19-22, bottom-up (copies follow the node they copy)
             st.refresh_span(u, ordered=True)
             self._annotate(u, usage)
         self._decisions[decision] = self._decisions.get(decision, 0) + 1
         return {"attach_level": ell, "decision": decision, "frontier_size": m}
 
-    def _chain(self, leaf_id: int, length: int) -> int:
-        """Build ``length`` single-child nodes above the leaf (levels 2, 3, ...); return the chain top.
+    def _stored_at(self, nid: int, level: int) -> int:
+        """The stored node for frontier level ``level``, held by ``nid`` or by a copy of it.
 
-        A single-child node's annotation equals its child's (no summariser call, same vector).
+        When the level is one of ``nid``'s implicit single-child copies, that copy is stored now (it is
+        about to get a second child): a node at ``level`` with ``nid`` as its only child takes ``nid``'s
+        place under its parent, with ``nid``'s annotation, span and vector.
         """
         st = self._store
-        top = leaf_id
-        leaf = st.nodes[leaf_id]
-        vec = self._vector(leaf_id)
-        for j in range(length):
-            node = st.new_node(text=leaf.text, level=2 + j, span=leaf.span)
-            st.add_child(node.id, top)
-            self._set_vector(node.id, vec)
-            top = node.id
-        return top
+        node = st.nodes[nid]
+        if node.level == level:
+            return nid
+        parent = node.parent
+        assert parent is not None and node.level < level < st.nodes[parent].level
+        copy = st.new_node(text=node.text, level=level, span=node.span)
+        self._set_vector(copy.id, self._vector(nid))
+        st.detach(nid)
+        st.add_child(parent, copy.id)
+        st.add_child(copy.id, nid)
+        return copy.id
 
     def _annotate(self, nid: int, usage: Usage) -> None:
         st = self._store
@@ -313,28 +333,53 @@ class SegTreeMem(HierarchicalMemory):
         return levels[int(res.value.split("_")[1]) - 1]
 
     def _cosine_compat(self, leaf_id: int, cands: list[int]) -> int | None:
-        sims = self._vectors(cands) @ self._vector(leaf_id)
-        best = int(np.argmax(sims))
-        return best + 2 if float(sims[best]) >= self.threshold else None
+        distinct = list(dict.fromkeys(cands))  # bottom-up; a repeated id is one node and its copies
+        sims = self._vectors(distinct) @ self._vector(leaf_id)
+        best = int(np.argmax(sims))  # the first of equal maxima: the lowest level
+        return cands.index(distinct[best]) + 2 if float(sims[best]) >= self.threshold else None
 
     # ------------------------------------------------------------------ retrieval (Algorithm 2)
-    def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Parent positions (``-1`` for the root) and the leaf mask of ``ids``, cached per tree version."""
+    def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The levelled tree of Algorithm 1 over ``ids``, with the single-child copies written out.
+
+        Positions ``0..n-1`` are the stored nodes in the order of ``ids``; a node ``j`` whose parent is
+        ``g_j > 0`` levels above its own level + 1 gets ``g_j`` copy positions after them, bottom-up
+        (the chain nodes of Algorithm 1, lines 10 and 15). Cached per tree version.
+
+        Returns:
+            ``(parent, leaf, rep)``: ``int64`` parent position per position (``-1`` for the root),
+            ``bool`` leaf mask, and ``int64`` position in ``ids`` of the stored node each position is
+            (or copies), all of length ``n + sum(g)``.
+        """
         key = (self._version, len(ids))
         cached = self._W_cache.get("structure")
         if cached is not None and cached[0] == key:
             return cached[1]
         nodes = self._store.nodes
+        n = len(ids)
         pos = {i: j for j, i in enumerate(ids.tolist())}
-        parent = np.full(len(ids), -1, dtype=np.int64)
-        leaf = np.zeros(len(ids), dtype=bool)
+        parent = np.full(n, -1, dtype=np.int64)
+        leaf = np.zeros(n, dtype=bool)
+        gap = np.zeros(n, dtype=np.int64)
         for j, i in enumerate(ids.tolist()):
-            n = nodes[i]
-            leaf[j] = n.is_leaf
-            if n.parent is not None:
-                parent[j] = pos.get(n.parent, -1)
-        self._W_cache = {"structure": (key, (parent, leaf))}
-        return parent, leaf
+            node = nodes[i]
+            leaf[j] = node.is_leaf
+            if node.parent is not None:
+                parent[j] = pos.get(node.parent, -1)
+                gap[j] = nodes[node.parent].level - node.level - 1
+        total = n + int(gap.sum())
+        base = n + np.cumsum(gap) - gap  # first copy position of each stored node
+        owner = np.repeat(np.arange(n), gap)
+        copies = np.arange(n, total, dtype=np.int64)
+        full_parent = np.empty(total, dtype=np.int64)
+        full_parent[:n] = np.where(gap > 0, base, parent)
+        last = copies - base[owner] == gap[owner] - 1  # the top copy hangs under the real parent
+        full_parent[n:] = np.where(last, parent[owner], copies + 1)
+        full_leaf = np.concatenate([leaf, np.zeros(total - n, dtype=bool)])
+        rep = np.concatenate([np.arange(n, dtype=np.int64), owner])
+        out = (full_parent, full_leaf, rep)
+        self._W_cache = {"structure": (key, out)}
+        return out
 
     def _W(self, ids: np.ndarray, direction: str) -> Any:
         key = (self._version, len(ids))
@@ -374,10 +419,24 @@ class SegTreeMem(HierarchicalMemory):
             ids, r = self.relevance(query, relevance or self.relevance_kind, hybrid_weight=w)
             if len(ids) == 0:
                 return ids, np.zeros(0)
-            total = float(r.sum())
-            s0 = r / total if total > 0 else np.full(len(r), 1.0 / len(r))  # line 6
-            W = self._W(ids, policy) if horizon > 0 else None
-            return ids, propagate(W, s0, alpha, horizon)
+            s = self._propagated(ids, r, policy, alpha, horizon)
+            self._last_full = s
+            return ids, s[: len(ids)]
+
+    def _propagated(
+        self, ids: np.ndarray, r: np.ndarray, policy: str, alpha: float, horizon: int
+    ) -> np.ndarray:
+        """Algorithm 2, lines 5-13, over every node of the levelled tree.
+
+        Copies included (see :meth:`_structure`): a copy's local relevance is that of the node it
+        copies. Returns the scores of every position of :meth:`_structure`.
+        """
+        rep = self._structure(ids)[2]
+        r_all = r[rep]
+        total = float(r_all.sum())
+        s0 = r_all / total if total > 0 else np.full(len(r_all), 1.0 / len(r_all))  # line 6
+        W = self._W(ids, policy) if horizon > 0 else None
+        return propagate(W, s0, alpha, horizon)
 
     def _retrieve(
         self,
@@ -393,21 +452,26 @@ class SegTreeMem(HierarchicalMemory):
         admissible = admissible or self.admissible
         if admissible not in ADMISSIBLE:
             raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
-        ids, s = self.scores(
-            query, policy, alpha=alpha, horizon=horizon, relevance=relevance, hybrid_weight=hybrid_weight
-        )
-        if len(ids) == 0:
-            return []
+        with self._lock:
+            ids, s = self.scores(
+                query, policy, alpha=alpha, horizon=horizon, relevance=relevance, hybrid_weight=hybrid_weight
+            )
+            if len(ids) == 0:
+                return []
+            full = self._last_full
+            parent, leaf, rep = self._structure(ids)
         if admissible == "leaves":  # line 14: TopK over 𝒢
-            pos = np.nonzero(self._structure(ids)[1])[0]
-        else:
+            pos = np.nonzero(leaf[: len(ids)])[0]
+        else:  # a node's copies share its text: it ranks with the best score among them
+            s = s.copy()
+            np.maximum.at(s, rep[len(ids) :], full[len(ids) :])
             pos = np.arange(len(ids))
         order = pos[np.lexsort((ids[pos], -s[pos]))]  # best first, ties by node id
         out: list[tuple[int, float, dict[str, Any]]] = []
         seen: set[str] = set()
         for j in order.tolist():
             text = self._store.nodes[int(ids[j])].text
-            if text in seen:  # chain nodes repeat their child's text: skip before counting
+            if text in seen:  # a single-child node repeats its child's text: skip before counting
                 continue
             seen.add(text)
             out.append((int(ids[j]), float(s[j]), {"policy": policy}))
@@ -415,16 +479,39 @@ class SegTreeMem(HierarchicalMemory):
                 break
         return out
 
+    def _depth(self, nid: int) -> int:
+        """Depth in the levelled tree (single-child copies counted): root level minus the node's level."""
+        st = self._store
+        assert st.root is not None
+        return st.nodes[st.root].level - st.nodes[nid].level
+
     # ------------------------------------------------------------------ statistics
     def _extra_stats(self) -> dict[str, Any]:
         st = self._store
         T = st.n_leaves
         root = st.nodes.get(st.root) if st.root is not None else None
-        return {
-            "height": root.level if root is not None else 0,
+        implicit = 0  # single-child copies that are not stored (see frontier())
+        stored_chain = 0
+        for n in st.nodes.values():
+            if n.parent is not None:
+                implicit += st.nodes[n.parent].level - n.level - 1
+            if not n.is_leaf and len(n.children) == 1:
+                stored_chain += 1
+        tree_nodes = len(st.nodes) + implicit
+        internal = tree_nodes - T
+        height = root.level if root is not None else 0
+        out: dict[str, Any] = {
+            "height": height,
             "frontier_size": len(self.frontier()),
             "decisions": dict(self._decisions),
-            "chain_nodes": sum(1 for n in st.nodes.values() if not n.is_leaf and len(n.children) == 1),
-            "nodes_per_leaf": (len(st.nodes) / T) if T else 0.0,
+            "tree_nodes": tree_nodes,
+            "chain_nodes": stored_chain + implicit,
+            "implicit_chain_nodes": implicit,
+            "nodes_per_leaf": (tree_nodes / T) if T else 0.0,
             "worst_case_nodes": T * (T + 1) // 2,
         }
+        if root is not None:  # the levelled tree: every leaf at depth height - 1
+            out["max_depth"] = height - 1
+            out["mean_depth"] = float(height - 1)
+            out["mean_branching"] = (tree_nodes - 1) / internal if internal else 0.0
+        return out

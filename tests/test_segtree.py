@@ -166,19 +166,31 @@ def check_invariants(mem: SegTreeMem, texts: Sequence[str] | None = None, *, con
                 assert left.span[1] + 1 == right.span[0]
             else:
                 assert left.span[1] < right.span[0]
-        # levelled tree: a node is one level above each of its children
-        assert all(c.level == n.level - 1 for c in ch), f"node {n.id} level {n.level}"
+        # levelled tree: a node is above each child; a gap of g levels stands for g single-child copies
+        assert all(c.level < n.level for c in ch), f"node {n.id} level {n.level}"
         # a single-child node carries exactly its child's annotation
         if len(ch) == 1:
             assert n.text == ch[0].text
-    # 3. all leaves at one depth; root level = height = leaf depth + 1
-    leaf_depths = {depths[i] for i in leaves}
-    assert len(leaf_depths) == 1
+    # 3. all leaves at one depth of the levelled tree (stored depth + copies above each node on the
+    # path); root level = height = leaf depth + 1
     root = st_.nodes[st_.root]
-    assert root.level == leaf_depths.pop() + 1 == mem.stats()["height"]
-    # 4. the frontier has one node per level: levels 1..m from the rightmost leaf to the root
+    for i in leaves:
+        path = [i, *st_.ancestors(i)]
+        levelled = sum(st_.nodes[p].level - st_.nodes[c].level for c, p in zip(path, path[1:]))
+        assert levelled == root.level - 1 == mem.stats()["height"] - 1
+    assert mem.stats()["max_depth"] == root.level - 1
+    implicit = sum(
+        st_.nodes[n.parent].level - n.level - 1 for n in st_.nodes.values() if n.parent is not None
+    )
+    assert mem.stats()["tree_nodes"] == len(st_.nodes) + implicit
+    # 4. the frontier has one entry per level, 1..m from the rightmost leaf to the root; a level held by
+    # a copy repeats the id of the stored node it copies
     F = mem.frontier()
-    assert [st_.nodes[f].level for f in F] == list(range(1, len(F) + 1))
+    assert len(F) == root.level
+    for lv, f in enumerate(F, start=1):
+        node = st_.nodes[f]
+        top = st_.nodes[node.parent].level - 1 if node.parent is not None else node.level
+        assert node.level <= lv <= top
     assert F[0] == leaves[-1] and F[-1] == st_.root
     last = st_.nodes[leaves[-1]].span[1]
     assert set(F) == {n.id for n in st_.nodes.values() if n.span[1] == last}, "Eq. (2)"
@@ -206,6 +218,81 @@ def tree_of(mem: SegTreeMem) -> dict:
     return {"tree": d["tree"], "state": d["state"], "config": d["config"]}
 
 
+class ReferenceTree:
+    """Algorithm 1 written out literally, every chain node stored: levels and intervals only.
+
+    A node is ``[level, first, last, parent, children]``; ``insert(ell)`` adds leaf ``t`` with the
+    decision ``ell`` (``None`` = NONE) exactly as lines 3-22 say.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: list[list] = []
+        self.root: int | None = None
+        self.t = 0
+
+    def _new(self, level: int, t: int) -> int:
+        self.nodes.append([level, t, t, None, []])
+        return len(self.nodes) - 1
+
+    def _attach(self, parent: int, child: int) -> None:
+        self.nodes[parent][4].append(child)
+        self.nodes[child][3] = parent
+
+    def frontier(self) -> list[int]:
+        path = [self.root]
+        while self.nodes[path[-1]][4]:
+            path.append(self.nodes[path[-1]][4][-1])
+        return path[::-1]
+
+    def _chain(self, leaf: int, length: int) -> int:
+        top = leaf
+        for j in range(length):
+            c = self._new(2 + j, self.t)
+            self._attach(c, top)
+            top = c
+        return top
+
+    def insert(self, ell: int | None) -> None:
+        leaf = self._new(1, self.t)
+        if self.root is None:
+            self.root = leaf
+        else:
+            F = self.frontier()
+            if ell is not None:
+                self._attach(F[ell - 1], self._chain(leaf, ell - 2))
+                update = F[ell - 1 :]
+            else:
+                root = self._new(len(F) + 1, self.t)
+                self._attach(root, self.root)
+                self._attach(root, self._chain(leaf, len(F) - 1))
+                self.root, update = root, [root]
+            for u in update:
+                ch = self.nodes[u][4]
+                self.nodes[u][1], self.nodes[u][2] = self.nodes[ch[0]][1], self.nodes[ch[-1]][2]
+        self.t += 1
+
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    def edges(self) -> set[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+        """``((level, first, last) of a child, (level, first, last) of its parent)`` for every edge."""
+        key = lambda n: (n[0], n[1], n[2])  # noqa: E731
+        return {(key(n), key(self.nodes[n[3]])) for n in self.nodes if n[3] is not None}
+
+
+def levelled_edges(mem: SegTreeMem) -> set[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """The edges of the stored tree with each level gap written out as single-child copies."""
+    st_ = mem._store
+    out = set()
+    for n in st_.nodes.values():
+        if n.parent is None:
+            continue
+        p = st_.nodes[n.parent]
+        chain = [(lv, *n.span) for lv in range(n.level, p.level)] + [(p.level, *p.span)]
+        out |= set(zip(chain, chain[1:]))
+    return out
+
+
 # --------------------------------------------------------------------------- property tests
 
 
@@ -217,6 +304,7 @@ def test_invariants_hold_after_every_insert_for_any_decisions(data, n):
     )
     mem = ScriptedSegTree(embedder=TopicEmbedder(), relevance="dense", decide=choice, summary_chars=80)
     texts = [f"topic{i % 5} utterance {i}." for i in range(n)]
+    ref = ReferenceTree()
     for i, t in enumerate(texts):
         before_frontier = mem.frontier()
         rep = mem.add(Message(t, id=f"m{i}"))
@@ -225,19 +313,23 @@ def test_invariants_hold_after_every_insert_for_any_decisions(data, n):
         check_invariants(mem, texts[: i + 1])
         ell = rep.details[0]["attach_level"]
         leaf = rep.leaf_ids[0]
-        # the new leaf hangs under the chosen frontier node (level ℓ*), or under a new root
-        anc = mem._store.ancestors(leaf)
+        ref.insert(ell)
+        assert levelled_edges(mem) == ref.edges(), "the stored tree is Algorithm 1's tree"
+        # the new leaf hangs under the chosen frontier node (level ℓ*: the node or a copy of it, now
+        # stored), or under a new root
+        parent = mem._store.nodes[mem._store.nodes[leaf].parent] if i else None
         if ell is not None:
-            assert before_frontier[ell - 1] in anc
-            assert mem._store.nodes[before_frontier[ell - 1]].level == ell
+            assert parent is not None and parent.level == ell
+            assert parent.id == before_frontier[ell - 1] or parent.children[0] == before_frontier[ell - 1]
         elif before_frontier:
             assert mem._store.root not in before_frontier
             assert mem._store.nodes[mem._store.root].children[0] == before_frontier[-1]
-    # node count: leaves plus internal nodes; stats agree with the store
+    # node count: leaves plus internal nodes; stats agree with the store and with Algorithm 1's tree
     s = mem.stats()
     assert s["nodes"] == len(mem._store.nodes) and s["leaves"] == n
+    assert s["tree_nodes"] == ref.n_nodes() >= s["nodes"]
     assert s["frontier_size"] == s["height"]
-    assert s["nodes"] <= s["worst_case_nodes"] == n * (n + 1) // 2
+    assert s["tree_nodes"] <= s["worst_case_nodes"] == n * (n + 1) // 2
     hits = mem.retrieve("topic1 utterance", k=50, policy="top_down", admissible="all")
     assert len({h.text for h in hits}) == len(hits)
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
@@ -302,19 +394,23 @@ def test_batched_add_equals_one_by_one(topics, cut, threshold):
 def test_algorithm1_worked_by_hand():
     """Seven utterances x0..x6; C answers NONE, 2, 3, NONE, 2 for x2..x6 (x1 has no candidate: NONE).
 
-    Worked on paper (node ids in creation order, levels L, spans [l, r]):
+    Worked on paper (node ids in creation order, levels L, spans [l, r]). A chain node is a
+    single-child copy of the node below it; it is stored only once it gets a second child, so a node
+    whose parent is g + 1 levels up stands for itself and g copies:
       x0: leaf 0 is the tree.
       x1: F=(0), m=1, NONE: new root 2 (L2) with children (0, 1).
-      x2: F=(1, 2), m=2, NONE: new root 4 (L3) = (2, chain 5 (L2) over leaf 3).
-      x3: F=(3, 5, 4), ℓ*=2: leaf 6 becomes the rightmost child of 5.
-      x4: F=(6, 5, 4), ℓ*=3: chain 8 (L2) over leaf 7, rightmost child of 4.
-      x5: F=(7, 8, 4), m=3, NONE: new root 10 (L4) = (4, chain 12 (L3) over 11 (L2) over leaf 9).
-      x6: F=(9, 11, 12, 10), ℓ*=2: leaf 13 becomes the rightmost child of 11.
+      x2: F=(1, 2), m=2, NONE: new root 4 (L3) = (2, leaf 3); leaf 3 has one copy (L2) above it.
+      x3: F=(3, 3', 4), ℓ*=2 = the copy 3': it is stored as node 6 (L2) = (3, leaf 5) under 4.
+      x4: F=(5, 6, 4), ℓ*=3: leaf 7 becomes the rightmost child of 4 (one copy between).
+      x5: F=(7, 7', 4), m=3, NONE: new root 9 (L4) = (4, leaf 8); leaf 8 has two copies above it.
+      x6: F=(8, 8', 8'', 9), ℓ*=2: the L2 copy of 8 is stored as node 11 = (8, leaf 10) under 9; its L3
+          copy stays implicit.
+    The same tree with every chain node stored has 14 nodes (Algorithm 1 as written).
     """
     texts = [f"topic{t} x{i}." for i, t in enumerate([1, 1, 2, 2, 3, 4, 4])]
     mem = scripted([None, 2, 3, None, 2], summary_chars=600)
     reports = [mem.add(Message(t, id=f"x{i}")) for i, t in enumerate(texts)]
-    assert [r.leaf_ids[0] for r in reports] == [0, 1, 3, 6, 7, 9, 13]
+    assert [r.leaf_ids[0] for r in reports] == [0, 1, 3, 5, 7, 8, 10]
     assert [r.details[0]["attach_level"] for r in reports] == [None, None, None, 2, 3, None, 2]
     assert [r.details[0]["decision"] for r in reports] == [
         "first",
@@ -325,46 +421,45 @@ def test_algorithm1_worked_by_hand():
         "none",
         "merge_2",
     ]
-    assert mem.seen_candidates == [[], [2], [5, 4], [5, 4], [8, 4], [11, 12, 10]]
+    assert mem.seen_candidates == [[], [2], [3, 4], [6, 4], [7, 4], [8, 8, 9]]
     expected = {  # id: (parent, children, level, span)
-        10: (None, [4, 12], 4, (0, 6)),
-        4: (10, [2, 5, 8], 3, (0, 4)),
-        12: (10, [11], 3, (5, 6)),
+        9: (None, [4, 11], 4, (0, 6)),
+        4: (9, [2, 6, 7], 3, (0, 4)),
+        11: (9, [8, 10], 2, (5, 6)),
         2: (4, [0, 1], 2, (0, 1)),
-        5: (4, [3, 6], 2, (2, 3)),
-        8: (4, [7], 2, (4, 4)),
-        11: (12, [9, 13], 2, (5, 6)),
+        6: (4, [3, 5], 2, (2, 3)),
         0: (2, [], 1, (0, 0)),
         1: (2, [], 1, (1, 1)),
-        3: (5, [], 1, (2, 2)),
-        6: (5, [], 1, (3, 3)),
-        7: (8, [], 1, (4, 4)),
-        9: (11, [], 1, (5, 5)),
-        13: (11, [], 1, (6, 6)),
+        3: (6, [], 1, (2, 2)),
+        5: (6, [], 1, (3, 3)),
+        7: (4, [], 1, (4, 4)),
+        8: (11, [], 1, (5, 5)),
+        10: (11, [], 1, (6, 6)),
     }
     st_ = mem._store
-    assert st_.root == 10
+    assert st_.root == 9
     got = {i: (n.parent, n.children, n.level, n.span) for i, n in st_.nodes.items()}
     assert got == expected
-    assert mem.frontier() == [13, 11, 12, 10]
+    assert mem.frontier() == [10, 11, 11, 9]
     # annotations: single-child nodes copy their child; others summarise their children in order
-    assert st_.nodes[8].text == texts[4]
-    assert st_.nodes[12].text == st_.nodes[11].text == f"{texts[5]} {texts[6]}"
-    assert st_.nodes[5].text == f"{texts[2]} {texts[3]}"
+    assert st_.nodes[11].text == f"{texts[5]} {texts[6]}"
+    assert st_.nodes[6].text == f"{texts[2]} {texts[3]}"
     assert st_.nodes[4].text == " ".join(texts[:5])
-    assert st_.nodes[10].text == " ".join(texts)
+    assert st_.nodes[9].text == " ".join(texts)
     check_invariants(mem, texts)
     s = mem.stats()
-    assert (s["nodes"], s["leaves"], s["internal_nodes"], s["height"]) == (14, 7, 7, 4)
-    assert (s["max_depth"], s["mean_depth"], s["chain_nodes"]) == (3, 3.0, 2)
-    assert s["mean_branching"] == pytest.approx(13 / 7)
+    assert (s["nodes"], s["leaves"], s["internal_nodes"], s["height"]) == (12, 7, 5, 4)
+    assert (s["tree_nodes"], s["chain_nodes"], s["implicit_chain_nodes"]) == (14, 2, 2)
+    assert (s["max_depth"], s["mean_depth"]) == (3, 3)
+    assert s["mean_branching"] == pytest.approx(13 / 7)  # the levelled tree: 13 edges, 7 internal nodes
     assert s["decisions"] == {"none": 3, "merge_2": 2, "merge_3": 1}
-    # hits report depth, span and the source ids of the leaves below
+    # hits report the levelled depth, span and the source ids of the leaves below
     h = mem.hit(4)
     assert (h.depth, h.span, h.is_leaf, h.source_ids) == (1, (0, 4), False, ["x0", "x1", "x2", "x3", "x4"])
     assert h.metadata["level"] == 3
-    h = mem.hit(13)
+    h = mem.hit(10)
     assert (h.depth, h.span, h.is_leaf, h.source_ids, h.text) == (3, (6, 6), True, ["x6"], texts[6])
+    assert mem.hit(7).depth == 3  # a leaf one copy below its parent
 
 
 def test_extractive_annotations_keep_chronological_order():
@@ -399,10 +494,13 @@ def test_worst_case_all_none_is_quadratic():
         mem.add(t)
     check_invariants(mem, texts)
     s = mem.stats()
-    assert s["nodes"] == T * (T + 1) // 2 == s["worst_case_nodes"] == 55
+    # Algorithm 1's tree is quadratic; only the leaves and the T - 1 roots are stored
+    assert s["tree_nodes"] == T * (T + 1) // 2 == s["worst_case_nodes"] == 55
+    assert s["nodes"] == 2 * T - 1
     assert s["height"] == T and s["max_depth"] == T - 1 and s["frontier_size"] == T
-    assert s["chain_nodes"] == (T - 2) * (T - 1) // 2  # the t-th insert adds a chain of t-2 nodes
-    assert s["mean_branching"] == pytest.approx((2 * (T - 1) + (T - 2) * (T - 1) // 2) / (s["nodes"] - T))
+    assert s["chain_nodes"] == s["implicit_chain_nodes"] == (T - 2) * (T - 1) // 2  # t-th insert: t-2
+    edges = 2 * (T - 1) + (T - 2) * (T - 1) // 2
+    assert s["mean_branching"] == pytest.approx(edges / (s["tree_nodes"] - T))
     assert s["decisions"] == {"none": T - 1}
 
 
@@ -421,17 +519,20 @@ def test_cosine_compatibility_threshold_and_best_level():
     assert r.details[0]["attach_level"] is None and r.details[0]["decision"] == "none"
     assert mem._store.nodes[mem._store.root].children[0] == root
     F = mem.frontier()
-    # candidates now: the chain (topic2, cos 0 with topic1) and the root (3 x topic1 + topic2:
-    # cos 3/sqrt(10) = 0.95) -> ℓ* = 3, attached under the root through a new chain node
+    # candidates now: the chain copy of the topic2 leaf (cos 0 with topic1) and the root (3 x topic1
+    # + topic2: cos 3/sqrt(10) = 0.95) -> ℓ* = 3, attached under the root (one implicit copy between)
+    assert F[:2] == [F[0], F[0]] and F[2] == mem._store.root and len(F) == 3
     r = mem.add("topic1 back again.")
     assert r.details[0]["attach_level"] == 3
     leaf = r.leaf_ids[0]
-    chain = mem._store.nodes[leaf].parent
-    assert mem._store.nodes[chain].parent == F[2] and mem._store.nodes[chain].children == [leaf]
-    # candidates: the new chain node (topic1, cos 1) and the root (cos 0.9x) -> ℓ* = 2
+    assert mem._store.nodes[leaf].parent == F[2] and mem.frontier() == [leaf, leaf, F[2]]
+    # candidates: the copy of that leaf (topic1, cos 1) and the root (cos 0.9x) -> ℓ* = 2: the copy is
+    # stored as the parent of both leaves
     r = mem.add("topic1 more.")
     assert r.details[0]["attach_level"] == 2
+    chain = mem._store.nodes[leaf].parent
     assert mem._store.nodes[chain].children == [leaf, r.leaf_ids[0]]
+    assert mem._store.nodes[chain].parent == F[2] and mem._store.nodes[chain].level == 2
     check_invariants(
         mem,
         [
@@ -452,7 +553,8 @@ def test_cosine_threshold_is_inclusive_and_strict_threshold_always_splits():
     never = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.01)
     texts = [f"topic3 t{i}." for i in range(5)]
     never.add(texts)
-    assert never.stats()["nodes"] == 15 and never.stats()["decisions"] == {"none": 4}
+    assert never.stats()["tree_nodes"] == 15 and never.stats()["decisions"] == {"none": 4}
+    assert never.stats()["nodes"] == 9  # 5 leaves and 4 roots; the 6 chain nodes are implicit
     check_invariants(never, texts)
 
 
@@ -496,7 +598,8 @@ class BracketSummarizer:
 def figure3() -> ScriptedSegTree:
     """The tree R(P(a, b), C(c, d)) with local relevances chosen by hand.
 
-    Built by Algorithm 1 with C = NONE, NONE, ℓ*=2: ids a=0, b=1, P=2, c=3, R=4, C=5, d=6.
+    Built by Algorithm 1 with C = NONE, NONE, ℓ*=2: ids a=0, b=1, P=2, c=3, R=4, d=5, C=6 (C is the
+    chain copy of c, stored when d joins it).
     Query "q" is e0; relevance r = max(cos, 0):
         a: e1 -> 0      b: 3/4      P: 1/2      c: 1/4      R: 1/4      C: 1/4      d: cos -1/2 -> 0
     Σr = 2, so s0 = (a 0, b 3/8, P 1/4, c 1/8, R 1/8, C 1/8, d 0).
@@ -528,14 +631,15 @@ def figure3() -> ScriptedSegTree:
         1: ("b", []),
         2: ("S(a,b)", [0, 1]),
         3: ("c", []),
-        4: ("S(S(a,b),S(c,d))", [2, 5]),
-        5: ("S(c,d)", [3, 6]),
-        6: ("d", []),
+        4: ("S(S(a,b),S(c,d))", [2, 6]),
+        5: ("d", []),
+        6: ("S(c,d)", [3, 5]),
     }
+    assert mem.stats()["implicit_chain_nodes"] == 0
     return mem
 
 
-A, B, P_, C_, R_, CC, D = 0, 1, 2, 3, 4, 5, 6  # node ids of figure3
+A, B, P_, C_, R_, CC, D = 0, 1, 2, 3, 4, 6, 5  # node ids of figure3
 
 
 def _scores(mem, query="q", **kw) -> dict[int, float]:
@@ -650,6 +754,58 @@ def test_figure3_bottom_up_by_hand(figure3):
     assert [h.node_id for h in hits] == [B, P_, R_, CC, C_]
     hits = figure3.retrieve("q", k=5, policy="bottom_up", admissible="leaves", horizon=2)
     assert [h.node_id for h in hits] == [B, C_, A, D]
+
+
+def test_propagation_counts_implicit_chain_copies_by_hand():
+    """R(P(a, b), c'(c)) where c' is c's chain copy (NONE, NONE): stored as R(P(a, b), c).
+
+    r = max(cos, 0) with q = e0: a 0, b 3/4, P 1/2, c 1/4, c' 1/4 (c's text), R 1/4; Σr = 2 over the six
+    nodes of Algorithm 1's tree, so s0 = (a 0, b 3/8, P 1/4, c 1/8, c' 1/8, R 1/8).
+    """
+    table = {
+        "q": np.eye(18, dtype=np.float32)[0],
+        "a": np.eye(18, dtype=np.float32)[1],
+        "b": _vec(0.75, 0.25, 7),
+        "S(a,b)": _vec(0.5, 0.5, 3),
+        "c": _vec(0.25, 0.25, 15),
+        "S(S(a,b),c)": _vec(0.25, 0.25, 15),
+    }
+    mem = scripted(
+        [None], embedder=LookupEmbedder(table), summarizer=BracketSummarizer(), top_down_weights="share"
+    )
+    mem.add(["a", "b", "c"])
+    st_ = mem._store
+    a, b, P, c, R = 0, 1, 2, 3, 4
+    assert st_.nodes[R].children == [P, c] and mem.stats()["implicit_chain_nodes"] == 1
+    # top_down, shares: s1 = (P 1/16, c' 1/16, a 1/8, b 1/8, c s0(c') = 1/8); s2 = (a 1/32, b 1/32,
+    # c s1(c') = 1/16)
+    want = {
+        R: 0.125 / 1.11,
+        P: (0.25 + 0.1 / 16) / 1.11,
+        a: (0.1 / 8 + 0.01 / 32) / 1.11,
+        b: (0.375 + 0.1 / 8 + 0.01 / 32) / 1.11,
+        c: (0.125 + 0.1 / 8 + 0.01 / 16) / 1.11,
+    }
+    _assert_scores(dict(zip(*(x.tolist() for x in mem.scores("q", "top_down", alpha=0.1, horizon=2)))), want)
+    # bottom_up: s1 = (P 3/8, c' s0(c) = 1/8, R s0(P) + s0(c') = 3/8); s2 = (R s1(P) + s1(c') = 1/2)
+    want = {
+        R: (0.125 + 0.1 * 0.375 + 0.01 * 0.5) / 1.11,
+        P: (0.25 + 0.1 * 0.375) / 1.11,
+        a: 0.0,
+        b: 0.375 / 1.11,
+        c: 0.125 / 1.11,
+    }
+    _assert_scores(dict(zip(*(x.tolist() for x in mem.scores("q", "bottom_up", alpha=0.1, horizon=2)))), want)
+    # over all nodes the text "c" ranks with its copy's score, (1/8 + 1/80) / 1.11, above its own
+    hits = mem.retrieve("q", k=5, policy="bottom_up", alpha=0.1, horizon=2, admissible="all")
+    assert [h.node_id for h in hits] == [b, P, R, c, a]
+    assert hits[3].score == pytest.approx(0.1375 / 1.11, abs=1e-9)
+    leaf_hits = mem.retrieve("q", k=3, policy="bottom_up", alpha=0.1, horizon=2, admissible="leaves")
+    assert [(h.node_id, round(h.score, 9)) for h in leaf_hits] == [
+        (b, round(0.375 / 1.11, 9)),
+        (c, round(0.125 / 1.11, 9)),
+        (a, 0.0),
+    ]
 
 
 def test_figure3_all_relevances_zero_gives_uniform_start(figure3):
@@ -950,11 +1106,11 @@ def test_scores_follow_structure_changes(tmp_path):
     """Cached propagation operators must not outlive the tree they were built for."""
     mem, _ = _hand_tree()
     for policy in ("top_down", "bottom_up"):
-        mem.retrieve("topic4", policy=policy, admissible="all")  # caches W for 14 nodes
+        mem.retrieve("topic4", policy=policy, admissible="all")  # caches W for 12 stored nodes
     mem.delete("x0")  # the first row of the index goes: every later row moves
     mem.decide = lambda text, cands: 2
-    mem.add(Message("topic4 replacement.", id="x7"))  # back to 14 nodes, another tree
-    assert len(mem._store.nodes) == 14
+    mem.add(Message("topic4 replacement.", id="x7"))  # back to 12 stored nodes, another tree
+    assert len(mem._store.nodes) == 12
     mem.save(tmp_path / "s")
     fresh = ScriptedSegTree.load(tmp_path / "s", embedder=TopicEmbedder())
     for policy in ("top_down", "bottom_up"):
@@ -1008,12 +1164,12 @@ def test_delete_each_leaf_by_source_id(victim):
 
 def test_delete_by_node_id_and_subtree():
     mem, texts = _hand_tree()
-    assert mem.delete(7) == 1  # leaf x4 under the chain node 8: the chain goes too
-    assert 7 not in mem._store and 8 not in mem._store
-    assert mem._store.nodes[4].children == [2, 5]
+    assert mem.delete(7) == 1  # leaf x4, one implicit chain copy below node 4: the chain goes too
+    assert 7 not in mem._store
+    assert mem._store.nodes[4].children == [2, 6]
     assert mem._store.nodes[4].span == (0, 3)
     _assert_forgotten(mem, texts[4])
-    assert mem.delete(5) == 2  # internal node: its leaves x2, x3
+    assert mem.delete(6) == 2  # internal node: its leaves x2, x3
     assert mem._store.nodes[4].children == [2]
     assert mem._store.nodes[4].text == mem._store.nodes[2].text  # single child: copies it
     check_invariants(mem, [texts[i] for i in (0, 1, 5, 6)], contiguous=False)
