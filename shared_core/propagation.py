@@ -86,3 +86,94 @@ def propagate(W: sp.spmatrix | None, s0: np.ndarray, alpha: float, horizon: int)
         total += alpha**k * s_prev
         norm += alpha**k
     return total / norm
+
+
+def propagate_levelled(
+    parent: np.ndarray,
+    gap: np.ndarray,
+    r: np.ndarray,
+    direction: str,
+    alpha: float,
+    horizon: int,
+    *,
+    normalize: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 2 (lines 6-13) on a levelled tree whose single-child chain nodes are not stored.
+
+    Node ``j`` stands for itself and ``gap[j]`` single-child copies of it between it and its parent
+    (same local relevance). The result equals :func:`propagate` with :func:`propagation_matrix` on the
+    tree with every copy written out, in O(n·H) time instead of O(n·H + copies).
+
+    Args:
+        parent: ``int`` ``(n,)``: parent position of each stored node, ``-1`` for the root.
+        gap: ``int`` ``(n,)``: copies between each node and its parent (``0`` for the root).
+        r: local relevance ``(n,)`` (non-negative) of the stored nodes.
+        direction: ``"top_down"`` or ``"bottom_up"``.
+        alpha: decay in ``[0, 1)``. horizon: ``H >= 0``.
+        normalize: ``top_down`` splits a parent's mass among its children (the paper's column-normalised
+            operator, default) or gives each child all of it (``False``).
+
+    Returns:
+        ``(scores, best)``, ``float64`` ``(n,)``: the score of each stored node, and the best score among
+        it and its copies (what the node ranks with when every node is admissible).
+
+    Raises:
+        InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
+        UnknownPolicyError: an unknown direction.
+
+    References:
+        SegTreeMem paper, Eq. (3)-(4); Appendix A, Algorithm 1 (chains) and Algorithm 2.
+    """
+    if direction not in ("top_down", "bottom_up"):
+        raise UnknownPolicyError(f"direction must be 'top_down' or 'bottom_up', got {direction!r}.")
+    if not 0.0 <= alpha < 1.0:
+        raise InvalidInputError(f"alpha must be in [0, 1), got {alpha}.")
+    if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 0:
+        raise InvalidInputError(f"horizon must be a non-negative integer, got {horizon}.")
+    H = int(horizon)
+    parent = np.asarray(parent, dtype=np.int64)
+    gap = np.asarray(gap, dtype=np.int64)
+    r = np.asarray(r, dtype=np.float64)
+    n = len(r)
+    weight = 1.0 + gap  # a node and its copies
+    total = float(r @ weight)
+    s0 = r / total if total > 0 else np.full(n, 1.0 / float(weight.sum()))
+    powers = alpha ** np.arange(H + 1, dtype=np.float64)
+    norm = float(powers.sum())
+    kid = np.nonzero(parent >= 0)[0]
+    P = parent[kid]
+    g = gap[kid]
+    # M[k, j]: the mass that k steps of W bring to node j
+    M = np.zeros((H + 1, n))
+    M[0] = s0
+    if direction == "top_down":
+        if normalize:
+            f = 1.0 / np.maximum(np.bincount(P, minlength=n), 1)
+        else:
+            f = np.ones(n)
+        fP = f[P]
+        for k in range(1, H + 1):  # the ancestor k levels up is a copy (k <= gap) or above the parent
+            up = k - g - 1
+            M[k, kid] = np.where(up < 0, s0[kid], fP * M[np.maximum(up, 0), P])
+    else:
+        for k in range(1, H + 1):  # the descendants k levels down, through each child's copies
+            down = k - g - 1
+            contrib = np.where(down <= 0, s0[kid], M[np.maximum(down, 0), kid])
+            np.add.at(M[k], P, contrib)
+    scores = powers @ M / norm
+    best = scores.copy()
+    # copies: e copies above it (top_down) or d copies below it (bottom_up); beyond H they score s0
+    for e in range(0, H + 1):
+        has = g > e if direction == "top_down" else g >= e + 1
+        idx = kid[has]
+        if not len(idx):
+            continue
+        if direction == "top_down":
+            Pi, fi = parent[idx], (fP[has])
+            terms = [s0[idx] if k <= e else fi * M[k - e - 1, Pi] for k in range(H + 1)]
+        else:
+            d = e + 1  # copy d levels above its node
+            terms = [s0[idx] if k <= d else M[k - d, idx] for k in range(H + 1)]
+        val = sum(powers[k] * terms[k] for k in range(H + 1)) / norm
+        best[idx] = np.maximum(best[idx], val)
+    return scores, best

@@ -16,7 +16,7 @@ from .models.base import LLM, Embedder, Summarizer
 from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
 from .prompts import segtree as P
-from .propagation import propagate, propagation_matrix
+from .propagation import propagate_levelled
 from .tree import ChildTexts
 from .types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError, Usage, check_finite
 
@@ -134,7 +134,7 @@ class SegTreeMem(HierarchicalMemory):
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
-        self._last_full: np.ndarray = np.zeros(0)
+        self._last_best: np.ndarray = np.zeros(0)
         self._W_cache: dict[str, Any] = {}
         super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
         self.default_k = self.k  # type: ignore[misc]
@@ -340,55 +340,30 @@ class SegTreeMem(HierarchicalMemory):
 
     # ------------------------------------------------------------------ retrieval (Algorithm 2)
     def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The levelled tree of Algorithm 1 over ``ids``, with the single-child copies written out.
+        """Parent positions (``-1`` for the root), the leaf mask and the copy gaps of ``ids``.
 
-        Positions ``0..n-1`` are the stored nodes in the order of ``ids``; a node ``j`` whose parent is
-        ``g_j > 0`` levels above its own level + 1 gets ``g_j`` copy positions after them, bottom-up
-        (the chain nodes of Algorithm 1, lines 10 and 15). Cached per tree version.
-
-        Returns:
-            ``(parent, leaf, rep)``: ``int64`` parent position per position (``-1`` for the root),
-            ``bool`` leaf mask, and ``int64`` position in ``ids`` of the stored node each position is
-            (or copies), all of length ``n + sum(g)``.
+        ``gap[j]`` is the number of single-child copies between node ``j`` and its parent (its parent's
+        level minus its own, minus one): the chain nodes of Algorithm 1 that are not stored. Cached per
+        tree version.
         """
         key = (self._version, len(ids))
         cached = self._W_cache.get("structure")
         if cached is not None and cached[0] == key:
             return cached[1]
         nodes = self._store.nodes
-        n = len(ids)
         pos = {i: j for j, i in enumerate(ids.tolist())}
-        parent = np.full(n, -1, dtype=np.int64)
-        leaf = np.zeros(n, dtype=bool)
-        gap = np.zeros(n, dtype=np.int64)
+        parent = np.full(len(ids), -1, dtype=np.int64)
+        leaf = np.zeros(len(ids), dtype=bool)
+        gap = np.zeros(len(ids), dtype=np.int64)
         for j, i in enumerate(ids.tolist()):
-            node = nodes[i]
-            leaf[j] = node.is_leaf
-            if node.parent is not None:
-                parent[j] = pos.get(node.parent, -1)
-                gap[j] = nodes[node.parent].level - node.level - 1
-        total = n + int(gap.sum())
-        base = n + np.cumsum(gap) - gap  # first copy position of each stored node
-        owner = np.repeat(np.arange(n), gap)
-        copies = np.arange(n, total, dtype=np.int64)
-        full_parent = np.empty(total, dtype=np.int64)
-        full_parent[:n] = np.where(gap > 0, base, parent)
-        last = copies - base[owner] == gap[owner] - 1  # the top copy hangs under the real parent
-        full_parent[n:] = np.where(last, parent[owner], copies + 1)
-        full_leaf = np.concatenate([leaf, np.zeros(total - n, dtype=bool)])
-        rep = np.concatenate([np.arange(n, dtype=np.int64), owner])
-        out = (full_parent, full_leaf, rep)
+            n = nodes[i]
+            leaf[j] = n.is_leaf
+            if n.parent is not None:
+                parent[j] = pos.get(n.parent, -1)
+                gap[j] = nodes[n.parent].level - n.level - 1
+        out = (parent, leaf, gap)
         self._W_cache = {"structure": (key, out)}
         return out
-
-    def _W(self, ids: np.ndarray, direction: str) -> Any:
-        key = (self._version, len(ids))
-        hit = self._W_cache.get(direction)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        W = propagation_matrix(self._structure(ids)[0], direction, normalize=self.top_down_weights == "share")
-        self._W_cache[direction] = (key, W)
-        return W
 
     def scores(
         self,
@@ -419,24 +394,12 @@ class SegTreeMem(HierarchicalMemory):
             ids, r = self.relevance(query, relevance or self.relevance_kind, hybrid_weight=w)
             if len(ids) == 0:
                 return ids, np.zeros(0)
-            s = self._propagated(ids, r, policy, alpha, horizon)
-            self._last_full = s
-            return ids, s[: len(ids)]
-
-    def _propagated(
-        self, ids: np.ndarray, r: np.ndarray, policy: str, alpha: float, horizon: int
-    ) -> np.ndarray:
-        """Algorithm 2, lines 5-13, over every node of the levelled tree.
-
-        Copies included (see :meth:`_structure`): a copy's local relevance is that of the node it
-        copies. Returns the scores of every position of :meth:`_structure`.
-        """
-        rep = self._structure(ids)[2]
-        r_all = r[rep]
-        total = float(r_all.sum())
-        s0 = r_all / total if total > 0 else np.full(len(r_all), 1.0 / len(r_all))  # line 6
-        W = self._W(ids, policy) if horizon > 0 else None
-        return propagate(W, s0, alpha, horizon)
+            parent, _, gap = self._structure(ids)
+            direction = "top_down" if policy == "collapsed" else policy
+            s, self._last_best = propagate_levelled(
+                parent, gap, r, direction, alpha, horizon, normalize=self.top_down_weights == "share"
+            )
+            return ids, s
 
     def _retrieve(
         self,
@@ -458,13 +421,12 @@ class SegTreeMem(HierarchicalMemory):
             )
             if len(ids) == 0:
                 return []
-            full = self._last_full
-            parent, leaf, rep = self._structure(ids)
+            best = self._last_best
+            leaf = self._structure(ids)[1]
         if admissible == "leaves":  # line 14: TopK over 𝒢
-            pos = np.nonzero(leaf[: len(ids)])[0]
+            pos = np.nonzero(leaf)[0]
         else:  # a node's copies share its text: it ranks with the best score among them
-            s = s.copy()
-            np.maximum.at(s, rep[len(ids) :], full[len(ids) :])
+            s = best
             pos = np.arange(len(ids))
         order = pos[np.lexsort((ids[pos], -s[pos]))]  # best first, ties by node id
         out: list[tuple[int, float, dict[str, Any]]] = []

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core.index import NodeIndex, normalize_rows
-from shared_core.propagation import propagate, propagation_matrix
+from shared_core.propagation import propagate, propagate_levelled, propagation_matrix
 from shared_core.tree import ChildTexts, Node, NodeStore, TreeInvariantError
 from shared_core.types import (
     EmbeddingError,
@@ -495,3 +495,57 @@ def test_child_texts_view_reads_like_the_list_of_child_texts(texts, i):
             view[i]
     store.set_text(store.nodes[parent].children[-1], "changed")  # a live view, not a copy
     assert view[-1] == "changed"
+
+
+def _expanded(parent: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tree with every copy written out: (parent of each position, stored node of each position)."""
+    n = len(parent)
+    total = n + int(gap.sum())
+    full = np.empty(total, dtype=np.int64)
+    owner = np.arange(total, dtype=np.int64)
+    nxt = n
+    for j in range(n):
+        below = j
+        for _ in range(int(gap[j])):
+            full[below] = nxt
+            owner[nxt] = j
+            below, nxt = nxt, nxt + 1
+        full[below] = parent[j]
+    return full, owner
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    n=st.integers(1, 25),
+    direction=st.sampled_from(["top_down", "bottom_up"]),
+    normalize=st.booleans(),
+    alpha=st.sampled_from([0.0, 0.1, 0.3, 0.95]),
+    horizon=st.integers(0, 4),
+)
+def test_levelled_propagation_equals_propagation_over_the_written_out_copies(
+    data, n, direction, normalize, alpha, horizon
+):
+    parent = np.array([-1] + [data.draw(st.integers(0, j - 1)) for j in range(1, n)], dtype=np.int64)
+    gap = np.array([0] + [data.draw(st.integers(0, 4)) for _ in range(1, n)], dtype=np.int64)
+    r = np.array([data.draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 0.3])) for _ in range(n)])
+    scores, best = propagate_levelled(parent, gap, r, direction, alpha, horizon, normalize=normalize)
+    full, owner = _expanded(parent, gap)
+    r_full = r[owner]
+    s0 = r_full / r_full.sum() if r_full.sum() > 0 else np.full(len(full), 1.0 / len(full))
+    W = propagation_matrix(full, direction, normalize=normalize)
+    want = propagate(W, s0, alpha, horizon)
+    np.testing.assert_allclose(scores, want[:n], rtol=1e-9, atol=1e-12)
+    want_best = want[:n].copy()
+    np.maximum.at(want_best, owner[n:], want[n:])
+    np.testing.assert_allclose(best, want_best, rtol=1e-9, atol=1e-12)
+
+
+def test_levelled_propagation_rejects_bad_arguments():
+    one = np.array([-1]), np.array([0]), np.array([1.0])
+    with pytest.raises(UnknownPolicyError):
+        propagate_levelled(*one, "sideways", 0.1, 2)
+    with pytest.raises(InvalidInputError):
+        propagate_levelled(*one, "top_down", 1.0, 2)
+    with pytest.raises(InvalidInputError):
+        propagate_levelled(*one, "top_down", 0.1, -1)
