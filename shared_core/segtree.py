@@ -49,11 +49,10 @@ class SegTreeMem(HierarchicalMemory):
             cosine with the utterance is highest and at least ``threshold``), ``"pointwise_llm"`` or
             ``"batch_llm"`` (need ``llm``).
         threshold: cosine threshold of the ``cosine`` model, default 0.25. The paper gives no value; it
-            sets the tree's shape, because every NONE adds a root level and later chains grow with the
-            height (App. C.3). Chosen on the LoCoMo dev conversations (``hiermem eval``): 0.25 and 0.3
-            give the best ``top_down`` evidence recall@10 (0.652; 0.647 at 0.2 and at 0.4), and 0.25
-            builds the trees closest to the paper's Table 5 (height 4-5, about 1.4 nodes per leaf,
-            against 29-35 levels and 5-6 nodes per leaf at 0.4).
+            sets the tree's shape, because every NONE adds a root level (App. C.3). Chosen on the LoCoMo
+            dev conversations: ``top_down`` evidence recall@10 is 0.625 / 0.647 / 0.647 / 0.629 / 0.652
+            at 0.0 / 0.2 / 0.25 / 0.3 / 0.4 (one query is 0.004), and 0.25 builds trees like the paper's
+            Table 5 (height 4-5, 1.4 nodes per leaf) where 0.4 builds 32-38 levels.
         alpha: propagation decay ``α`` in ``[0, 1)``, default 0.3 (the paper's 0.1 is best only with
             ``top_down_weights="share"``).
         horizon: propagation horizon ``H``, default 2.
