@@ -374,10 +374,22 @@ class SegTreeMem(HierarchicalMemory):
         relevance: str | None = None,
         hybrid_weight: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Final structure-aware scores ``s~_q`` of every node (Algorithm 2, lines 3-13).
+        """Final structure-aware scores ``s~_q`` of every stored node (Algorithm 2, lines 3-13).
+
+        The propagation runs over Algorithm 1's whole tree, implicit single-child copies included
+        (:func:`~shared_core.propagation.propagate_levelled`); the scores of the stored nodes are returned.
+
+        Args:
+            query: the query text.
+            policy: ``"collapsed"``, ``"top_down"`` or ``"bottom_up"`` (default: the memory's).
+            alpha, horizon, relevance, hybrid_weight: override the memory's settings for this call.
 
         Returns:
-            ``(ids int64 (|V|,), scores float64 (|V|,))``.
+            ``(ids int64 (n,), scores float64 (n,))`` over the ``n`` stored nodes.
+
+        Raises:
+            UnknownPolicyError: an unknown policy or relevance.
+            InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
         """
         policy = policy or self.default_policy
         if policy not in self.policies:
