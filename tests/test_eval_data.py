@@ -55,22 +55,24 @@ def test_locomo_dev_counts():
 @needs_locomo
 def test_locomo_dev_turns_and_malformed_evidence():
     c26 = load_locomo(LOCOMO)[0]
+    # expected values are read from the file itself (LoCoMo is CC BY-NC: no text of it is copied here)
+    source = json.loads(LOCOMO.read_text(encoding="utf-8"))[0]
     first = c26.messages[0]
     assert (first.id, first.speaker, first.timestamp, first.metadata) == (
         "D1:1",
-        "Caroline",
-        "1:56 pm on 8 May, 2023",
+        source["conversation"]["session_1"][0]["speaker"],
+        source["conversation"]["session_1_date_time"],
         {"session": 1},
     )
     sessions = [m.metadata["session"] for m in c26.messages]
     assert sessions == sorted(sessions)
+    turn = next(t for t in source["conversation"]["session_1"] if t["dia_id"] == "D1:5")
     photo = next(m for m in c26.messages if m.id == "D1:5")
-    assert photo.text.endswith(
-        " [shares a photo: a photo of a dog walking past a wall with a painting of a woman]"
-    )
+    assert photo.text == f"{turn['text']} [shares a photo: {turn['blip_caption']}]"
     raw = next(m for m in load_locomo(LOCOMO, captions=False)[0].messages if m.id == "D1:5")
-    assert "[shares a photo" not in raw.text
-    painted = next(q for q in c26.queries if q.question == "What did Melanie paint recently?")
+    assert raw.text == turn["text"] and "[shares a photo" not in raw.text
+    malformed = next(qa for qa in source["qa"] if qa.get("evidence") == ["D8:6; D9:17"])
+    painted = next(q for q in c26.queries if q.question == malformed["question"])
     assert painted.evidence == ["D8:6", "D9:17"]  # the file has "D8:6; D9:17"
     assert render_message(first) == "Caroline: " + first.text
     all_cats = load_locomo(LOCOMO, categories=None)

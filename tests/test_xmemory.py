@@ -688,10 +688,10 @@ def test_parse_timestamp_formats():
 
 def test_rule_facts_mean_nll_and_central_facts():
     msgs = [
-        Message("Hey Mel! How are you?", speaker="Caroline", timestamp="1:56 pm on 8 May, 2023"),
-        Message("Thanks, Caroline!", speaker="Melanie", timestamp="1:56 pm on 8 May, 2023"),
+        Message("Hi there! All good?", speaker="Caroline", timestamp="1:56 pm on 8 May, 2023"),
+        Message("Fine, thank you!", speaker="Melanie", timestamp="1:56 pm on 8 May, 2023"),
         Message(
-            "I went to a LGBTQ support group yesterday. It was great.",
+            "I joined a pottery class at the community centre yesterday. It was great.",
             speaker="Caroline",
             timestamp="1:56 pm on 8 May, 2023",
         ),
@@ -699,8 +699,8 @@ def test_rule_facts_mean_nll_and_central_facts():
     facts = extract_facts_rule(msgs)
     assert facts == [
         (
-            "[8 May 2023] Caroline: I went to a LGBTQ support group yesterday.",
-            "Caroline: I went to a LGBTQ support group yesterday.",
+            "[8 May 2023] Caroline: I joined a pottery class at the community centre yesterday.",
+            "Caroline: I joined a pottery class at the community centre yesterday.",
         )
     ]
     assert extract_facts_rule(msgs, max_facts=0) == []
@@ -750,22 +750,22 @@ def test_constructor_and_retrieval_errors():
 # --------------------------------------------------------------------------- real embedder end to end
 
 CONVERSATION = [
-    ("Caroline", "1:56 pm on 8 May, 2023", "Hey Mel! Good to see you! How have you been?"),
+    ("Caroline", "1:56 pm on 8 May, 2023", "Hello Melanie! It has been a while, how are things?"),
     (
         "Melanie",
         "1:56 pm on 8 May, 2023",
-        "Hey Caroline! I'm swamped with the kids and work. What's up with you?",
+        "Hi Caroline! Busy with the children and the office. And you?",
     ),
     (
         "Caroline",
         "1:56 pm on 8 May, 2023",
-        "I went to a LGBTQ support group yesterday and it was so powerful.",
+        "I joined a pottery class at the community centre yesterday and loved it.",
     ),
-    ("Melanie", "1:56 pm on 8 May, 2023", "Wow, that's cool, Caroline! What happened that was so awesome?"),
+    ("Melanie", "1:56 pm on 8 May, 2023", "How lovely, Caroline! What did you make in the class?"),
     (
         "Caroline",
         "1:56 pm on 8 May, 2023",
-        "The transgender stories were inspiring! I'm thinking of studying counseling.",
+        "A small blue bowl! I'm thinking of taking the advanced course.",
     ),
     ("Melanie", "1:56 pm on 8 May, 2023", "I painted a sunrise over the lake last year, it calms me down."),
     (
@@ -826,10 +826,14 @@ def test_locomo_first_session_when_available(local_embedder, shared_data):
         Message(t["text"], speaker=t["speaker"], timestamp=conv["session_1_date_time"], id=t["dia_id"])
         for t in conv["session_1"]
     ]
+    # the question whose evidence is turn D1:3, read from the file (LoCoMo's text is not copied here)
+    question = next(
+        qa["question"] for qa in json.loads(path.read_text())[0]["qa"] if qa["evidence"] == ["D1:3"]
+    )
     mem = XMemory(embedder=local_embedder)
     mem.add(msgs)
     mem.flush()
     check_invariants(mem)
-    hits = mem.retrieve("When did Caroline go to the LGBTQ support group?")
+    hits = mem.retrieve(question)
     assert "D1:3" in {sid for h in hits for sid in h.source_ids}
     assert any("8 May 2023" in h.text or "8 May, 2023" in h.text for h in hits)
