@@ -133,8 +133,7 @@ class SegTreeMem(HierarchicalMemory):
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
-        self._last_best: np.ndarray = np.zeros(0)
-        self._W_cache: dict[str, Any] = {}
+        self._structure_cache: tuple[tuple[int, int], Any] | None = None
         super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
         self.default_k = self.k  # type: ignore[misc]
 
@@ -346,7 +345,7 @@ class SegTreeMem(HierarchicalMemory):
         tree version.
         """
         key = (self._version, len(ids))
-        cached = self._W_cache.get("structure")
+        cached = self._structure_cache
         if cached is not None and cached[0] == key:
             return cached[1]
         nodes = self._store.nodes
@@ -361,7 +360,7 @@ class SegTreeMem(HierarchicalMemory):
                 parent[j] = pos.get(n.parent, -1)
                 gap[j] = nodes[n.parent].level - n.level - 1
         out = (parent, leaf, gap)
-        self._W_cache = {"structure": (key, out)}
+        self._structure_cache = (key, out)
         return out
 
     def scores(
@@ -391,6 +390,20 @@ class SegTreeMem(HierarchicalMemory):
             UnknownPolicyError: an unknown policy or relevance.
             InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
         """
+        ids, s, _, _ = self._propagated(query, policy, alpha, horizon, relevance, hybrid_weight)
+        return ids, s
+
+    def _propagated(
+        self,
+        query: str,
+        policy: str | None,
+        alpha: float | None,
+        horizon: int | None,
+        relevance: str | None,
+        hybrid_weight: float | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, scores, best, leaf)``: :meth:`scores`, the best score among each node and its copies,
+        and the leaf mask, all over the stored nodes."""
         policy = policy or self.default_policy
         if policy not in self.policies:
             raise UnknownPolicyError(f"SegTreeMem has no policy {policy!r}; choose one of {self.policies}.")
@@ -404,13 +417,14 @@ class SegTreeMem(HierarchicalMemory):
         with self._lock:
             ids, r = self.relevance(query, relevance or self.relevance_kind, hybrid_weight=w)
             if len(ids) == 0:
-                return ids, np.zeros(0)
-            parent, _, gap = self._structure(ids)
-            direction = "top_down" if policy == "collapsed" else policy
-            s, self._last_best = propagate_levelled(
-                parent, gap, r, direction, alpha, horizon, normalize=self.top_down_weights == "share"
-            )
-            return ids, s
+                empty = np.zeros(0)
+                return ids, empty, empty, np.zeros(0, dtype=bool)
+            parent, leaf, gap = self._structure(ids)
+        direction = "top_down" if policy == "collapsed" else policy
+        s, best = propagate_levelled(
+            parent, gap, r, direction, alpha, horizon, normalize=self.top_down_weights == "share"
+        )
+        return ids, s, best, leaf
 
     def _retrieve(
         self,
@@ -426,14 +440,9 @@ class SegTreeMem(HierarchicalMemory):
         admissible = admissible or self.admissible
         if admissible not in ADMISSIBLE:
             raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
-        with self._lock:
-            ids, s = self.scores(
-                query, policy, alpha=alpha, horizon=horizon, relevance=relevance, hybrid_weight=hybrid_weight
-            )
-            if len(ids) == 0:
-                return []
-            best = self._last_best
-            leaf = self._structure(ids)[1]
+        ids, s, best, leaf = self._propagated(query, policy, alpha, horizon, relevance, hybrid_weight)
+        if len(ids) == 0:
+            return []
         if admissible == "leaves":  # line 14: TopK over 𝒢
             pos = np.nonzero(leaf)[0]
         else:  # a node's copies share its text: it ranks with the best score among them

@@ -710,7 +710,6 @@ def test_figure3_top_down_inherit_by_hand(figure3):
     # s1 = (R 0, P s0(R) = 1/8, C 1/8, a s0(P) = 1/4, b 1/4, c s0(C) = 1/8, d 1/8)
     # s2 = (R 0, P 0, C 0, a s1(P) = 1/8, b 1/8, c s1(C) = 1/8, d 1/8)
     figure3.top_down_weights = "inherit"
-    figure3._W_cache = {}
     h2 = {
         R_: 0.125 / 1.11,
         P_: (0.25 + 0.1 * 0.125) / 1.11,
