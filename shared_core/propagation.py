@@ -55,6 +55,15 @@ def propagation_matrix(parent: np.ndarray, direction: str, normalize: bool = Tru
     return sp.csr_matrix((vals, (rows, cols)), shape=(n, n))
 
 
+def _check_decay(alpha: float, horizon: int) -> int:
+    """Validate the decay ``alpha`` in ``[0, 1)`` and the horizon ``H >= 0``; return ``H`` as an int."""
+    if not 0.0 <= alpha < 1.0:
+        raise InvalidInputError(f"alpha must be in [0, 1), got {alpha}.")
+    if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 0:
+        raise InvalidInputError(f"horizon must be a non-negative integer, got {horizon}.")
+    return int(horizon)
+
+
 def propagate(W: sp.spmatrix | None, s0: np.ndarray, alpha: float, horizon: int) -> np.ndarray:
     """Finite-horizon mixture ``s~ = sum_{k=0..H} alpha^k W^k s0 / sum_{k=0..H} alpha^k``.
 
@@ -73,14 +82,11 @@ def propagate(W: sp.spmatrix | None, s0: np.ndarray, alpha: float, horizon: int)
     References:
         SegTreeMem paper, Eq. (3)-(4); Appendix A, Algorithm 2, lines 6-13.
     """
-    if not 0.0 <= alpha < 1.0:
-        raise InvalidInputError(f"alpha must be in [0, 1), got {alpha}.")
-    if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 0:
-        raise InvalidInputError(f"horizon must be a non-negative integer, got {horizon}.")
+    H = _check_decay(alpha, horizon)
     s_prev = np.asarray(s0, dtype=np.float64)
     total = s_prev.copy()
     norm = 1.0
-    for k in range(1, int(horizon) + 1):
+    for k in range(1, H + 1):
         assert W is not None
         s_prev = W @ s_prev
         total += alpha**k * s_prev
@@ -124,13 +130,9 @@ def propagate_levelled(
     References:
         SegTreeMem paper, Eq. (3)-(4); Appendix A, Algorithm 1 (chains) and Algorithm 2.
     """
-    if direction not in ("top_down", "bottom_up"):
-        raise UnknownPolicyError(f"direction must be 'top_down' or 'bottom_up', got {direction!r}.")
-    if not 0.0 <= alpha < 1.0:
-        raise InvalidInputError(f"alpha must be in [0, 1), got {alpha}.")
-    if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 0:
-        raise InvalidInputError(f"horizon must be a non-negative integer, got {horizon}.")
-    H = int(horizon)
+    if direction not in DIRECTIONS:
+        raise UnknownPolicyError(f"direction must be one of {DIRECTIONS}, got {direction!r}.")
+    H = _check_decay(alpha, horizon)
     parent = np.asarray(parent, dtype=np.int64)
     gap = np.asarray(gap, dtype=np.int64)
     r = np.asarray(r, dtype=np.float64)
@@ -164,13 +166,12 @@ def propagate_levelled(
     best = scores.copy()
     # copies: e copies above it (top_down) or d copies below it (bottom_up); beyond H they score s0
     for e in range(0, H + 1):
-        has = g > e if direction == "top_down" else g >= e + 1
+        has = g > e  # the node has a copy with e copies above it (top_down) / e + 1 below it (bottom_up)
         idx = kid[has]
         if not len(idx):
             continue
         if direction == "top_down":
-            Pi, fi = parent[idx], (fP[has])
-            terms = [s0[idx] if k <= e else fi * M[k - e - 1, Pi] for k in range(H + 1)]
+            terms = [s0[idx] if k <= e else fP[has] * M[k - e - 1, parent[idx]] for k in range(H + 1)]
         else:
             d = e + 1  # copy d levels above its node
             terms = [s0[idx] if k <= d else M[k - d, idx] for k in range(H + 1)]
