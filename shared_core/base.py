@@ -412,30 +412,24 @@ class HierarchicalMemory(abc.ABC):
         if not nids:
             return np.zeros((0, self.dim or 0), dtype=np.float32)
         st = self._store
-        stale = []
-        for i in nids:
+        indexed: list[int] = []  # positions whose vector is the indexed one: read in one index call
+        stale: list[int] = []  # nodes whose text changed in this transaction and has no vector yet
+        for j, i in enumerate(nids):
             p = self._pending.get(i)
-            if (p is not None and p[0] != st.nodes[i].text) or (p is None and i in st.changed):
+            if p is None and i not in st.changed:
+                indexed.append(j)
+            elif p is None or p[0] != st.nodes[i].text:
                 stale.append(i)
         if len(stale) > 1:
             vecs = self._embed([st.nodes[i].text for i in stale], self._tx_usage)
             for i, v in zip(stale, vecs):
                 self._pending[i] = (st.nodes[i].text, v)
-        rows: list[np.ndarray | None] = []
-        indexed: list[int] = []  # positions whose vector is the indexed one: one index read for all
-        for j, i in enumerate(nids):
-            p = self._pending.get(i)
-            if p is None and i not in st.changed:
-                indexed.append(j)
-                rows.append(None)
-            else:
-                rows.append(self._vector(i))
+        rows: list[np.ndarray | None] = [None] * len(nids)
         if indexed:
             assert self._index is not None
-            got = self._index.get([nids[j] for j in indexed])
-            for j, v in zip(indexed, got):
+            for j, v in zip(indexed, self._index.get([nids[j] for j in indexed])):
                 rows[j] = v
-        return np.stack(rows)  # type: ignore[arg-type]
+        return np.stack([self._vector(i) if v is None else v for i, v in zip(nids, rows)])
 
     def _prefetch(self, messages: Sequence[Message], usage: Usage) -> None:
         """Embed every message's rendered text in one call, and let the summariser prepare for them."""
