@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from .index import NodeIndex, normalize_rows
+from .persist import check_embedder_dim
 from .types import InvalidInputError, PersistenceError, VersionMismatchError
 
 if TYPE_CHECKING:
@@ -549,15 +550,7 @@ def attach_store(mem: HierarchicalMemory, store: DurableStore) -> None:
         _check_config(mem, meta, store.path)
         dim = meta.get("dim")
         if isinstance(dim, int):
-            try:
-                edim = int(mem.embedder.dim)
-            except Exception:
-                edim = dim
-            if edim != dim:
-                raise PersistenceError(
-                    f"{store.path} holds {dim}-d vectors but the embedder gives {edim}-d; open it with the "
-                    "embedder it was built with."
-                )
+            check_embedder_dim(mem, dim, f"{store.path} holds", "open")
         store.load_into(mem, meta)
     mem._durable = store
 

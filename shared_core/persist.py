@@ -137,6 +137,24 @@ def read_save(path: Path) -> tuple[dict[str, Any], Path]:
     return data, snap
 
 
+def check_embedder_dim(mem: Any, dim: int, stored: str, verb: str) -> None:
+    """Raise :class:`PersistenceError` when the memory's embedder does not give ``dim``-d vectors.
+
+    An embedder that cannot tell its dimension is let through (its first vectors are checked then).
+    The message reads ``"<stored> <dim>-d vectors but the embedder gives <n>-d; <verb> it with the embedder
+    it was built with."``.
+    """
+    try:
+        edim = int(mem.embedder.dim)
+    except Exception:
+        return
+    if edim != dim:
+        raise PersistenceError(
+            f"{stored} {dim}-d vectors but the embedder gives {edim}-d; {verb} it with the embedder it "
+            "was built with."
+        )
+
+
 def load_memory(cls: type[M], path: Path, embedder: Embedder | None = None, llm: LLM | None = None) -> M:
     """Load a save into a new ``cls`` instance (see :meth:`HierarchicalMemory.load`)."""
     data, snap = read_save(path)
@@ -169,15 +187,7 @@ def load_memory(cls: type[M], path: Path, embedder: Embedder | None = None, llm:
     if (snap / _INDEX).is_file():
         if not isinstance(dim, int):
             raise PersistenceError("Saved dimension is missing; the save is corrupt.")
-        try:
-            edim = int(mem.embedder.dim)
-        except Exception:
-            edim = dim
-        if edim != dim:
-            raise PersistenceError(
-                f"The memory was saved with {dim}-d vectors but the embedder gives {edim}-d; "
-                "load it with the embedder it was built with."
-            )
+        check_embedder_dim(mem, dim, "The memory was saved with", "load")
         index = NodeIndex.read(snap / _INDEX, dim, ids)
     elif ids:
         raise PersistenceError("The vector index file is missing; the save is corrupt.")
