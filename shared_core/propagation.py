@@ -103,6 +103,7 @@ def propagate_levelled(
     horizon: int,
     *,
     normalize: bool = True,
+    with_copies: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 2 (lines 6-13) on a levelled tree whose single-child chain nodes are not stored.
 
@@ -118,6 +119,7 @@ def propagate_levelled(
         alpha: decay in ``[0, 1)``. horizon: ``H >= 0``.
         normalize: ``top_down`` splits a parent's mass among its children (the paper's column-normalised
             operator, default) or gives each child all of it (``False``).
+        with_copies: also score the copies (default ``True``); with ``False`` ``best`` is ``scores``.
 
     Returns:
         ``(scores, best)``, ``float64`` ``(n,)``: the score of each stored node, and the best score among
@@ -163,6 +165,8 @@ def propagate_levelled(
             contrib = np.where(down <= 0, s0[kid], M[np.maximum(down, 0), kid])
             np.add.at(M[k], P, contrib)
     scores = powers @ M / norm
+    if not with_copies:
+        return scores, scores
     best = scores.copy()
     # copies: e copies above it (top_down) or d copies below it (bottom_up); beyond H they score s0
     for e in range(0, H + 1):

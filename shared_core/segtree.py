@@ -390,7 +390,7 @@ class SegTreeMem(HierarchicalMemory):
             UnknownPolicyError: an unknown policy or relevance.
             InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
         """
-        ids, s, _, _ = self._propagated(query, policy, alpha, horizon, relevance, hybrid_weight)
+        ids, s, _, _ = self._propagated(query, policy, alpha, horizon, relevance, hybrid_weight, copies=False)
         return ids, s
 
     def _propagated(
@@ -401,9 +401,10 @@ class SegTreeMem(HierarchicalMemory):
         horizon: int | None,
         relevance: str | None,
         hybrid_weight: float | None,
+        copies: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(ids, scores, best, leaf)``: :meth:`scores`, the best score among each node and its copies,
-        and the leaf mask, all over the stored nodes."""
+        """``(ids, scores, best, leaf)``: :meth:`scores`, the best score among each node and its copies
+        (``scores`` itself when ``copies`` is false), and the leaf mask, all over the stored nodes."""
         policy = policy or self.default_policy
         if policy not in self.policies:
             raise UnknownPolicyError(f"SegTreeMem has no policy {policy!r}; choose one of {self.policies}.")
@@ -422,7 +423,14 @@ class SegTreeMem(HierarchicalMemory):
             parent, leaf, gap = self._structure(ids)
         direction = "top_down" if policy == "collapsed" else policy
         s, best = propagate_levelled(
-            parent, gap, r, direction, alpha, horizon, normalize=self.top_down_weights == "share"
+            parent,
+            gap,
+            r,
+            direction,
+            alpha,
+            horizon,
+            normalize=self.top_down_weights == "share",
+            with_copies=copies,
         )
         return ids, s, best, leaf
 
@@ -440,7 +448,9 @@ class SegTreeMem(HierarchicalMemory):
         admissible = admissible or self.admissible
         if admissible not in ADMISSIBLE:
             raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
-        ids, s, best, leaf = self._propagated(query, policy, alpha, horizon, relevance, hybrid_weight)
+        ids, s, best, leaf = self._propagated(
+            query, policy, alpha, horizon, relevance, hybrid_weight, copies=admissible == "all"
+        )
         if len(ids) == 0:
             return []
         if admissible == "leaves":  # line 14: TopK over 𝒢

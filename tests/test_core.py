@@ -539,6 +539,11 @@ def test_levelled_propagation_equals_propagation_over_the_written_out_copies(
     want_best = want[:n].copy()
     np.maximum.at(want_best, owner[n:], want[n:])
     np.testing.assert_allclose(best, want_best, rtol=1e-9, atol=1e-12)
+    plain, same = propagate_levelled(
+        parent, gap, r, direction, alpha, horizon, normalize=normalize, with_copies=False
+    )
+    np.testing.assert_array_equal(plain, scores)
+    assert same is plain
 
 
 def test_levelled_propagation_rejects_bad_arguments():
