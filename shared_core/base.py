@@ -126,6 +126,7 @@ class HierarchicalMemory(abc.ABC):
         self._tx_usage = Usage()
         self._tx_vecs: dict[str, np.ndarray] = {}
         self._state_snapshot: Any = None
+        self._index_created = False  # the open transaction created the index
         self._version = 0  # bumped on every commit; caches key on it
         self._durable: Any = None  # shared_core.durable.DurableStore when a store is attached
         if store is not None:
@@ -218,8 +219,7 @@ class HierarchicalMemory(abc.ABC):
             except BaseException:
                 self._rollback()
                 raise
-            report.usage.seconds = time.perf_counter() - t0
-            self._usage += report.usage
+            self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
 
     async def aadd(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
@@ -261,7 +261,6 @@ class HierarchicalMemory(abc.ABC):
             except BaseException:
                 self._rollback()
                 raise
-            self._usage += usage
             return len(leaves)
 
     def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
@@ -304,50 +303,99 @@ class HierarchicalMemory(abc.ABC):
         """Forget everything (configuration and models are kept)."""
         with self._lock:
             if self._durable is not None:
-                self._durable.clear(self)
-            self._store = NodeStore(self.contiguous_spans)
-            self._index = None
-            self._lexical = None
-            self._set_state(self._initial_state())
-            self._version += 1
+                seq = self._durable.seq + 1
+                try:
+                    self._durable.clear(self)
+                except BaseException:
+                    if self._durable.landed(seq):  # cleared on disk: clear in memory too
+                        self._reset()
+                    raise
+            self._reset()
+
+    def _reset(self) -> None:
+        self._store = NodeStore(self.contiguous_spans)
+        self._index = None
+        self._lexical = None
+        self._set_state(self._initial_state())
+        self._version += 1
 
     def _initial_state(self) -> dict[str, Any]:
         return {}
 
     # ------------------------------------------------------------------ transactions
+    # An add or delete is one transaction: the node store journals every change, the algorithm state is
+    # snapshotted, and nothing outside them changes until _commit. _commit then applies the change to the
+    # FAISS index (journaled too) and writes it to the durable store, whose COMMIT is the last step that
+    # can fail; only then are the journals closed. An exception at any point before that (a model error,
+    # a failed index update or SQLite write, KeyboardInterrupt, MemoryError) reaches _rollback, which
+    # undoes the store, the state and the index. If the durable COMMIT landed and the exception came
+    # after it, the change is kept in memory too (memory and disk agree) and the exception propagates.
     def _begin(self, usage: Usage) -> None:
         self._store.begin()
         self._tx_usage = usage
         self._pending = {}
         self._tx_vecs = {}
+        self._index_created = False
         self._state_snapshot = copy.deepcopy(self._get_state())
 
     def _commit(self) -> None:
-        if self._durable is not None:  # durable first: a failed write raises and the caller rolls back
-            self._durable.commit(self)
-        changed, removed = self._store.commit()
-        live = [i for i in changed if self._store.nodes[i].text]
-        if self._index is not None or live:
-            if self._index is None:
-                self._index = NodeIndex(next(iter(self._pending.values()))[1].shape[0])
-            self._index.remove(removed | {i for i in changed if not self._store.nodes[i].text})
-            if live:
-                self._index.upsert(live, np.stack([self._pending[i][1] for i in live]))
+        st = self._store
+        changed, removed = st.pending()
+        live = [i for i in changed if st.nodes[i].text]
+        gone = removed | {i for i in changed if not st.nodes[i].text}
+        vecs = np.stack([self._pending[i][1] for i in live]) if live else None
+        if self._index is None and vecs is not None:
+            self._index = NodeIndex(vecs.shape[1])
+            self._index_created = True
+        if self._index is not None:
+            self._index.begin()
+            self._index.remove(gone)
+            if vecs is not None:
+                self._index.upsert(live, vecs)
+        interrupted: BaseException | None = None
+        if self._durable is not None:
+            seq = self._durable.seq + 1
+            try:
+                self._durable.commit(self)
+            except BaseException as e:
+                if not self._durable.landed(seq):
+                    raise
+                interrupted = e  # the change is on disk: keep it in memory as well
+        # nothing below depends on the data: the change is now acknowledged
+        if self._index is not None:
+            self._index.commit()
+        self._index_created = False
+        st.commit()
         if self._lexical is not None:
             self._lex_dirty |= set(live)
-            self._lex_removed |= removed | {i for i in changed if not self._store.nodes[i].text}
+            self._lex_removed |= gone
         self._pending = {}
         self._tx_vecs = {}
         self._state_snapshot = None
+        self._usage += self._tx_usage
         self._version += 1
+        if interrupted is not None:
+            raise interrupted
 
     def _rollback(self) -> None:
+        """Undo the open transaction (no-op once it is committed)."""
+        if self._index is not None:
+            self._index.rollback()
+        if self._index_created:
+            self._index = None
+            self._index_created = False
         self._store.rollback()
         if self._state_snapshot is not None:
             self._set_state(self._state_snapshot)
         self._pending = {}
         self._tx_vecs = {}
         self._state_snapshot = None
+        self._version += 1  # caches built during the transaction are stale
+
+    def _record_seconds(self, usage: Usage, seconds: float) -> None:
+        """Set the wall-clock ``seconds`` of a committed call (its other counters are already counted)."""
+        self._usage.seconds += seconds - usage.seconds
+        usage.seconds = seconds
 
     # ------------------------------------------------------------------ vectors
     @property

@@ -26,7 +26,8 @@ Database layout (``PRAGMA journal_mode=WAL``, ``locking_mode=EXCLUSIVE``, ``sync
 default)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)      JSON values: format, memory_format, kind, config, dim,
-                                                state, usage, root, next_id, n_inserted
+                                                state, usage, root, next_id, n_inserted, seq (the
+                                                change sequence: one more per committed write)
     nodes(id INTEGER PRIMARY KEY, parent, children (JSON list, ordered), text (UTF-8 BLOB),
           span_first, span_last, is_leaf, level, data (JSON), message (JSON or NULL))
     vectors(id INTEGER PRIMARY KEY, vec BLOB)   L2-normalised little-endian float32, dim * 4 bytes
@@ -182,6 +183,7 @@ class DurableStore:
             raise PersistenceError(f"Cannot open the store {path}: {e}") from None
         try:
             self._setup()
+            self._seq = self._stored_seq()
         except BaseException:
             self.close()
             raise
@@ -253,7 +255,13 @@ class DurableStore:
             with suppress(sqlite3.Error):
                 c.execute("ROLLBACK")
             raise
-        c.execute("COMMIT")
+        try:
+            c.execute("COMMIT")
+        except BaseException:
+            with suppress(sqlite3.Error):
+                if c.in_transaction:  # a failed COMMIT can leave the transaction open
+                    c.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         """Close the connection (releases the lock; idempotent)."""
@@ -265,6 +273,53 @@ class DurableStore:
 
     def __repr__(self) -> str:
         return f"DurableStore({str(self.path)!r}, synchronous={self.synchronous!r})"
+
+    # ------------------------------------------------------------------ change sequence
+    def _stored_seq(self) -> int:
+        """The committed change sequence number (``meta.seq``; 0 for a new store or one without it)."""
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+        except sqlite3.Error as e:
+            raise PersistenceError(f"Cannot read {self.path}: {e}") from None
+        if row is None:
+            return 0
+        try:
+            seq = json.loads(row[0])
+        except (TypeError, ValueError):
+            seq = None
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise PersistenceError(f"The change sequence of {self.path} is malformed; the store is corrupt.")
+        return seq
+
+    @property
+    def seq(self) -> int:
+        """Number of the last committed write (every ``add``, ``delete``, ``clear`` and initial write)."""
+        return self._seq
+
+    def landed(self, seq: int) -> bool:
+        """After a write raised: whether the write numbered ``seq`` was committed all the same.
+
+        An exception can arrive after SQLite's ``COMMIT`` returned (``KeyboardInterrupt`` between two
+        bytecodes); the stored change sequence tells. A transaction still open is rolled back here. Any
+        failure to read counts as not landed.
+
+        Args:
+            seq: the number the write was to get (:attr:`seq` + 1 before it started).
+
+        Returns:
+            ``True`` when the database holds that write.
+        """
+        try:
+            c = self.conn
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+                return False
+            done = self._stored_seq() == seq
+        except Exception:
+            return False
+        if done:
+            self._seq = seq
+        return done
 
     # ------------------------------------------------------------------ reading
     def meta(self) -> dict[str, Any] | None:
@@ -411,6 +466,7 @@ class DurableStore:
         vecs = mem._index.get(ids) if (mem._index is not None and ids) else np.zeros((0, 1), np.float32)
         with self._guard("write the memory to"):
             rows = [_node_row(st.nodes[i]) for i in sorted(st.nodes)]
+            seq = self._seq + 1
             with self._tx() as c:
                 c.execute("DELETE FROM nodes")
                 c.execute("DELETE FROM vectors")
@@ -431,8 +487,10 @@ class DurableStore:
                         "state": mem._get_state(),
                         "usage": mem._usage.to_dict(),
                         **self._scalars(mem),
+                        "seq": seq,
                     },
                 )
+            self._seq = seq
 
     def commit(self, mem: HierarchicalMemory) -> None:
         """Write the open transaction of ``mem`` (called by ``HierarchicalMemory._commit`` before the
@@ -466,12 +524,14 @@ class DurableStore:
         with self._guard("commit the change to"):
             rows = [_node_row(n) for n in upsert]
             meta = {"state": mem._get_state(), "usage": usage, "dim": dim, **self._scalars(mem)}
+            meta["seq"] = seq = self._seq + 1
             with self._tx() as c:
                 c.executemany("DELETE FROM nodes WHERE id = ?", [(i,) for i in gone])
                 c.executemany(_INSERT_NODE, rows)
                 c.executemany("DELETE FROM vectors WHERE id = ?", [(i,) for i in drop_vecs])
                 c.executemany("INSERT OR REPLACE INTO vectors (id, vec) VALUES (?, ?)", new_vecs)
                 self._write_meta(c, meta)
+            self._seq = seq
         if gone:
             self._forget_old_pages()
 
@@ -483,10 +543,12 @@ class DurableStore:
         """
         with self._guard("clear"):
             meta = {"state": mem._initial_state(), "root": None, "next_id": 0, "n_inserted": 0, "dim": None}
+            meta["seq"] = seq = self._seq + 1
             with self._tx() as c:
                 c.execute("DELETE FROM nodes")
                 c.execute("DELETE FROM vectors")
                 self._write_meta(c, meta)
+            self._seq = seq
         self._forget_old_pages()
 
     def _forget_old_pages(self) -> None:

@@ -5,11 +5,17 @@ overwrites its row in place (O(dim)), which equals remove + add for a flat index
 removal compacts the index (O(n)), so it is kept for deletions. Scoring every node for one query uses a
 numpy product over FAISS's own storage (no copy); top-k and restricted search (``IDSelectorBatch``) use
 FAISS.
+
+Changes can be grouped in a transaction (:meth:`NodeIndex.begin` / :meth:`~NodeIndex.commit` /
+:meth:`~NodeIndex.rollback`): the index keeps the previous vector of every row it overwrites and, at the
+first removal, the previous row order, so a rollback restores the exact previous contents and row order
+even when the failure interrupted an update half-way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,16 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     return x / norms
 
 
+@dataclass
+class _Journal:
+    """What a rollback needs: the row count before the transaction, the previous vector of every id
+    overwritten or removed, and (after the first removal) the previous ids in row order."""
+
+    n: int
+    old: dict[int, np.ndarray] = field(default_factory=dict)
+    ids: np.ndarray | None = None
+
+
 class NodeIndex:
     """Vector index over node ids.
 
@@ -61,6 +77,7 @@ class NodeIndex:
         self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
         self._row_of: dict[int, int] = {}
         self._ids = np.zeros(0, dtype=np.int64)  # row -> id
+        self._tx: _Journal | None = None
 
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
@@ -75,11 +92,7 @@ class NodeIndex:
         return self._ids[: len(self)]
 
     def _matrix(self) -> np.ndarray:
-        n = len(self)
-        if n == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        flat = faiss.downcast_index(self._index.index)
-        return faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)
+        return self._raw_matrix(len(self))
 
     def _check(self, vecs: np.ndarray, n: int, normalize: bool = True) -> np.ndarray:
         vecs = np.asarray(vecs, dtype=np.float32)
@@ -90,6 +103,69 @@ class NodeIndex:
         if not np.isfinite(vecs).all():
             raise EmbeddingError("Vectors contain NaN or infinite values.")
         return normalize_rows(vecs) if normalize else np.ascontiguousarray(vecs)
+
+    # ------------------------------------------------------------------ transactions
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open."""
+        return self._tx is not None
+
+    def begin(self) -> None:
+        """Open a transaction: later :meth:`upsert` / :meth:`remove` calls can be undone by :meth:`rollback`.
+
+        Costs O(1); each overwritten or removed row is copied once (O(dim)) before it changes.
+
+        Raises:
+            RuntimeError: a transaction is already open.
+        """
+        if self._tx is not None:
+            raise RuntimeError("NodeIndex transaction already open")
+        self._tx = _Journal(n=len(self))
+
+    def commit(self) -> None:
+        """Close the transaction, keeping its changes (no-op when none is open)."""
+        self._tx = None
+
+    def rollback(self) -> None:
+        """Undo every change since :meth:`begin`: same ids, vectors and row order (no-op when none is open).
+
+        The contents are read back from FAISS itself, so an update interrupted between FAISS and this
+        class's bookkeeping (e.g. by ``KeyboardInterrupt``) is undone as well. Costs O(rows changed)
+        without removals, O(n) after one.
+        """
+        j, self._tx = self._tx, None
+        if j is None:
+            return
+        cur = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        if j.ids is None:  # rows [0, n) are the rows before the transaction, in order
+            if len(cur) > j.n:
+                self._index.remove_ids(np.ascontiguousarray(cur[j.n :]))
+            mat = self._raw_matrix(min(len(cur), j.n))
+            row = {int(nid): r for r, nid in enumerate(cur[: j.n].tolist())}
+            for nid, vec in j.old.items():
+                r = row.get(nid)
+                if r is not None:
+                    mat[r] = vec
+        else:
+            mat = self._raw_matrix(len(cur))
+            row = {int(nid): r for r, nid in enumerate(cur.tolist())}
+            vecs = (
+                np.stack([j.old[i] if i in j.old else mat[row[i]] for i in j.ids.tolist()])
+                if len(j.ids)
+                else np.zeros((0, self.dim), np.float32)
+            )
+            self._index.reset()
+            if len(j.ids):
+                self._index.add_with_ids(np.ascontiguousarray(vecs, dtype=np.float32), j.ids)
+        self._ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        self._row_of = {int(nid): r for r, nid in enumerate(self._ids.tolist())}
+
+    def _raw_matrix(self, n: int) -> np.ndarray:
+        """The first ``n`` stored rows as a writable view of FAISS's storage."""
+        if n == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        flat = faiss.downcast_index(self._index.index)
+        return faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)
 
     # ------------------------------------------------------------------ writing
     def upsert(self, ids: Sequence[int], vecs: np.ndarray, *, normalized: bool = False) -> None:
@@ -108,11 +184,14 @@ class NodeIndex:
         vecs = self._check(vecs, len(ids), normalize=not normalized)
         new_rows: list[int] = []
         mat = self._matrix()
+        tx = self._tx
         for j, nid in enumerate(ids):
             row = self._row_of.get(nid)
             if row is None:
                 new_rows.append(j)
             else:
+                if tx is not None and nid not in tx.old:
+                    tx.old[nid] = mat[row].copy()
                 mat[row] = vecs[j]
         if new_rows:
             new_ids = np.asarray([ids[j] for j in new_rows], dtype=np.int64)
@@ -131,6 +210,14 @@ class NodeIndex:
         ids = [int(i) for i in ids if int(i) in self._row_of]
         if not ids:
             return
+        tx = self._tx
+        if tx is not None:
+            if tx.ids is None:
+                tx.ids = self._ids[: tx.n].copy()
+            mat = self._matrix()
+            for nid in ids:
+                if nid not in tx.old:
+                    tx.old[nid] = mat[self._row_of[nid]].copy()
         self._index.remove_ids(np.asarray(ids, dtype=np.int64))
         self._ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
         self._row_of = {int(nid): r for r, nid in enumerate(self._ids.tolist())}

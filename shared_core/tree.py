@@ -149,10 +149,13 @@ class NodeStore:
         self.changed = set()
         self.removed = set()
 
+    def pending(self) -> tuple[set[int], set[int]]:
+        """``(changed, removed)`` node ids of the open transaction (changed excludes removed)."""
+        return {i for i in self.changed if i in self.nodes}, {i for i in self.removed if i not in self.nodes}
+
     def commit(self) -> tuple[set[int], set[int]]:
         """Close the transaction; returns ``(changed, removed)`` node ids (changed excludes removed)."""
-        changed = {i for i in self.changed if i in self.nodes}
-        removed = {i for i in self.removed if i not in self.nodes}
+        changed, removed = self.pending()
         self._tx = False
         self._saved = {}
         self._journal = []

@@ -1219,8 +1219,7 @@ class XMemory(HierarchicalMemory):
             except BaseException:
                 self._rollback()
                 raise
-            report.usage.seconds = time.perf_counter() - t0
-            self._usage += report.usage
+            self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
 
     # ---- boundary detection
