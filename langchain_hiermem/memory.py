@@ -4,6 +4,9 @@ LangChain marks ``BaseMemory`` and ``ConversationChain`` deprecated in favour of
 ``langchain.agents.create_agent`` with a store; these classes are kept for users of that API. The
 recommended path is :class:`~langchain_hiermem.store.HierMemStore` (or
 :class:`~langchain_hiermem.retrievers.HierMemRetriever`).
+
+This module needs ``langchain-classic`` (the ``legacy`` extra: ``pip install "hiermem[legacy]"``);
+importing it without that package raises :class:`~langchain_hiermem.errors.MissingExtraError`.
 """
 
 from __future__ import annotations
@@ -14,16 +17,30 @@ import inspect
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
-from langchain_classic.base_memory import BaseMemory
-from langchain_classic.memory.utils import get_prompt_input_key
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import ConfigDict, Field, field_validator
 
 from shared_core.base import HierarchicalMemory, count_tokens
-from shared_core.types import HierMemError, Hit, InvalidInputError, Message
+from shared_core.types import Hit, InvalidInputError, Message
 
+from .errors import AlgorithmUnavailableError, MissingExtraError
 from .models import as_core_embedder, as_core_llm
 from .retrievers import HierMemRetriever
+
+try:
+    from langchain_classic.base_memory import BaseMemory
+    from langchain_classic.memory.utils import get_prompt_input_key
+except ModuleNotFoundError as e:
+    if e.name != "langchain_classic":
+        raise
+    raise MissingExtraError(
+        "The legacy LangChain memories (HierMemMemory, SegTreeMemory, MemTreeMemory, HATMemory, "
+        "XMemoryMemory) need the package langchain-classic, which is not installed: "
+        'pip install "hiermem[legacy]". The retriever and the LangGraph store '
+        "(HierMemRetriever, HierMemStore) do not need it.",
+        extra="legacy",
+        name="langchain_classic",
+    ) from e
 
 __all__ = [
     "AlgorithmUnavailableError",
@@ -33,10 +50,6 @@ __all__ = [
     "SegTreeMemory",
     "XMemoryMemory",
 ]
-
-
-class AlgorithmUnavailableError(HierMemError, ImportError):
-    """The core module of a memory algorithm cannot be imported in this installation."""
 
 
 def _now() -> str:

@@ -1,0 +1,33 @@
+"""Errors of the LangChain adapter that are not errors of the core.
+
+This module imports nothing beyond ``shared_core.types``, so the errors can be raised and caught in an
+installation without the optional LangChain packages.
+"""
+
+from __future__ import annotations
+
+from shared_core.types import HierMemError
+
+__all__ = ["AlgorithmUnavailableError", "MissingExtraError"]
+
+
+class AlgorithmUnavailableError(HierMemError, ImportError):
+    """The core module of a memory algorithm cannot be imported in this installation."""
+
+
+class MissingExtraError(HierMemError, ImportError):
+    """A feature needs an optional dependency of hiermem that is not installed.
+
+    Args:
+        message: what is missing and the ``pip install`` command that adds it.
+        extra: the hiermem extra that provides the dependency, e.g. ``"legacy"``.
+        name: the module that could not be imported, e.g. ``"langchain_classic"``.
+
+    Attributes:
+        extra: as given.
+        name: as given (``ImportError.name``).
+    """
+
+    def __init__(self, message: str, *, extra: str | None = None, name: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
