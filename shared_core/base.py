@@ -35,11 +35,46 @@ from .types import (
     UnknownPolicyError,
     Usage,
     as_messages,
+    check_finite,
 )
 
-__all__ = ["RELEVANCE_KINDS", "HierarchicalMemory", "check_message", "count_tokens"]
+__all__ = [
+    "ADMISSIBLE",
+    "RELEVANCE_KINDS",
+    "HierarchicalMemory",
+    "check_choice",
+    "check_message",
+    "count_tokens",
+]
 
+#: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
+#: admissible sets of a ranking: every node with text, or message leaves only
+ADMISSIBLE = ("all", "leaves")
+
+
+def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
+    """Return ``value`` when it is one of ``choices``.
+
+    Raises:
+        UnknownPolicyError: naming the accepted values.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise UnknownPolicyError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+    return value
+
+
+def check_weight(value: Any, name: str = "hybrid_weight") -> float:
+    """A convex weight in ``[0, 1]``.
+
+    Raises:
+        InvalidInputError: not a finite number in ``[0, 1]``.
+    """
+    w = check_finite(value, name)
+    if not 0.0 <= w <= 1.0:
+        raise InvalidInputError(f"{name} must be in [0, 1], got {value!r}.")
+    return w
+
 
 M = TypeVar("M", bound="HierarchicalMemory")
 
@@ -63,6 +98,14 @@ class HierarchicalMemory(abc.ABC):
         summary_chars: length budget of extractive summaries in characters, default 600.
         store: path of a durable SQLite store (see :mod:`shared_core.durable`) for subclasses that forward
             it; every memory also has :meth:`open` and :meth:`attach_store`. Default ``None`` (in memory).
+        relevance: the local relevance ``R(q, text(v))`` the memory ranks nodes with (see
+            :meth:`relevance`): ``"dense"``, ``"bm25"`` or ``"hybrid"``; default ``None`` = the class's
+            :attr:`default_relevance`.
+        hybrid_weight: weight ``w`` of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
+
+    Raises:
+        InvalidInputError: a model without the needed method, a ``hybrid_weight`` outside ``[0, 1]``.
+        UnknownPolicyError: an unknown ``relevance`` (the message names the choices).
 
     Thread safety: one writer at a time; readers wait for a write to finish and see a consistent tree.
     One re-entrant lock serialises adds, deletes and retrievals (retrieval updates caches such as the
@@ -86,6 +129,10 @@ class HierarchicalMemory(abc.ABC):
     prefetch_messages: ClassVar[bool] = False
     #: longest accepted message text in characters (instance attribute may override)
     max_message_chars: int = 100_000
+    #: relevance used when the constructor gets ``relevance=None``
+    default_relevance: ClassVar[str] = "dense"
+    #: configuration values of saves made before a configuration key existed (key -> value they had)
+    legacy_config: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -95,7 +142,13 @@ class HierarchicalMemory(abc.ABC):
         summarizer: Summarizer | None = None,
         summary_chars: int = 600,
         store: str | Path | None = None,
+        relevance: str | None = None,
+        hybrid_weight: float = 0.5,
     ) -> None:
+        self.relevance_kind = check_choice(
+            self.default_relevance if relevance is None else relevance, RELEVANCE_KINDS, "relevance"
+        )
+        self.hybrid_weight = check_weight(hybrid_weight)
         if embedder is None:
             from .models.local import LocalEmbedder
 
@@ -154,7 +207,15 @@ class HierarchicalMemory(abc.ABC):
 
     def _config(self) -> dict[str, Any]:
         """Constructor keyword arguments (JSON-serialisable, models excluded) to rebuild this memory."""
-        return {"summary_chars": self.summary_chars}
+        return {"summary_chars": self.summary_chars, **self._relevance_config()}
+
+    def _relevance_config(self) -> dict[str, Any]:
+        return {"relevance": self.relevance_kind, "hybrid_weight": self.hybrid_weight}
+
+    @classmethod
+    def stored_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """A saved configuration completed with :attr:`legacy_config` for keys saves did not have yet."""
+        return {**cls.legacy_config, **config}
 
     def _get_state(self) -> dict[str, Any]:
         """Algorithm state outside the node store (JSON-serialisable)."""
@@ -533,29 +594,33 @@ class HierarchicalMemory(abc.ABC):
         return self._lexical
 
     def relevance(
-        self, query: str, kind: str = "dense", hybrid_weight: float = 0.5, qvec: np.ndarray | None = None
+        self,
+        query: str,
+        kind: str | None = None,
+        hybrid_weight: float | None = None,
+        qvec: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Local relevance ``R(q, A(v)) >= 0`` of every indexed node.
+        """Local relevance ``R(q, text(v)) >= 0`` of every indexed node: the one relevance layer of all
+        memories (each adds its own structure on top).
 
         Args:
             query: the query text.
-            kind: ``"dense"`` (``max(cos, 0)`` of query and annotation embeddings, the papers' scorer),
-                ``"bm25"`` (BM25 over annotations, English stop words and Snowball stemming) or
+            kind: ``"dense"`` (``max(cos, 0)`` of query and node embeddings, the papers' scorer),
+                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming) or
                 ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
-                ``w * dense + (1 - w) * bm25``).
-            hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1], default 0.5.
+                ``w * dense + (1 - w) * bm25``); default ``None`` = the memory's ``relevance``.
+            hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1]; default ``None`` = the memory's.
             qvec: a precomputed normalised query vector (optional).
 
         Returns:
-            ``(ids int64 (n,), r float32 (n,))`` over every node that has text.
+            ``(ids int64 (n,), r float32 (n,))`` over every node that has text, in index row order.
 
         Raises:
             UnknownPolicyError: an unknown ``kind``.
+            InvalidInputError: ``hybrid_weight`` outside ``[0, 1]``.
         """
-        if kind not in RELEVANCE_KINDS:
-            raise UnknownPolicyError(f"relevance must be one of {RELEVANCE_KINDS}, got {kind!r}.")
-        if not 0.0 <= hybrid_weight <= 1.0:
-            raise InvalidInputError("hybrid_weight must be in [0, 1].")
+        kind = self.relevance_kind if kind is None else check_choice(kind, RELEVANCE_KINDS, "relevance")
+        hybrid_weight = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
         if self._index is None or len(self._index) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         ids = self._index.ids.copy()
@@ -580,6 +645,43 @@ class HierarchicalMemory(abc.ABC):
         d = dense / dense.max() if dense.max() > 0 else dense
         b = bm / bm.max() if bm.max() > 0 else bm
         return ids, (hybrid_weight * d + (1.0 - hybrid_weight) * b).astype(np.float32)
+
+    def _leaf_mask(self, ids: np.ndarray) -> np.ndarray:
+        """``bool (n,)``: which of the node ids are message leaves."""
+        nodes = self._store.nodes
+        return np.fromiter((nodes[int(i)].is_leaf for i in ids.tolist()), dtype=bool, count=len(ids))
+
+    def _ranked(
+        self,
+        ids: np.ndarray,
+        scores: np.ndarray,
+        k: int,
+        meta: dict[str, Any],
+        admissible: np.ndarray | None = None,
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Candidates best first (ties by node id), one per distinct text, over the admissible positions.
+
+        Returns at most ``3k + 8`` candidates, room for hits a ``max_tokens`` budget skips.
+
+        Args:
+            ids: node ids ``int64 (n,)``; scores: ``float (n,)``; k: the hit budget.
+            meta: metadata given to every candidate (copied).
+            admissible: ``bool (n,)`` mask of the positions that may be returned (default all).
+        """
+        pos = np.nonzero(admissible)[0] if admissible is not None else np.arange(len(ids))
+        order = pos[np.lexsort((ids[pos], -scores[pos]))]
+        nodes = self._store.nodes
+        out: list[tuple[int, float, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for j in order.tolist():
+            text = nodes[int(ids[j])].text
+            if text in seen:  # e.g. a single-child node repeats its child's text
+                continue
+            seen.add(text)
+            out.append((int(ids[j]), float(scores[j]), dict(meta)))
+            if len(out) >= 3 * k + 8:
+                break
+        return out
 
     # ------------------------------------------------------------------ public: reading
     def retrieve(

@@ -584,8 +584,9 @@ def _check_config(mem: HierarchicalMemory, meta: dict[str, Any], path: Path) -> 
             "HierarchicalMemory.open(path) or use another path."
         )
     mine = json.loads(_dumps(mem._config()))
-    if mine != meta["config"]:
-        diff = sorted(k for k in set(mine) | set(meta["config"]) if mine.get(k) != meta["config"].get(k))
+    stored = json.loads(_dumps(mem.stored_config(meta["config"])))
+    if mine != stored:
+        diff = sorted(k for k in set(mine) | set(stored) if mine.get(k) != stored.get(k))
         raise PersistenceError(
             f"{path} was created with another configuration ({', '.join(diff)} differ); open it with "
             f"{type(mem).__name__}.open(path) to use the stored configuration."
@@ -650,7 +651,7 @@ def open_memory(
                     f"{store.path} holds a {meta['kind']} memory; open it with {klass.__name__}.open or "
                     "HierarchicalMemory.open."
                 )
-            config = meta["config"]
+            config = klass.stored_config(meta["config"])
             clash = sorted(k for k, v in kwargs.items() if k in config and json.loads(_dumps(v)) != config[k])
             if clash:
                 raise InvalidInputError(

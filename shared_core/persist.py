@@ -174,6 +174,7 @@ def load_memory(cls: type[M], path: Path, embedder: Embedder | None = None, llm:
     config = data["config"]
     if not isinstance(config, dict):
         raise PersistenceError("Saved config is not an object; the save is corrupt.")
+    config = cls.stored_config(config)
     try:
         mem = cls(embedder=embedder, llm=llm, **config)
     except (TypeError, InvalidInputError, UnknownPolicyError) as e:

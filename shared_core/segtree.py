@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import RELEVANCE_KINDS, HierarchicalMemory
+from .base import ADMISSIBLE, HierarchicalMemory, check_choice
 from .models.base import LLM, Embedder, Summarizer
 from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
@@ -23,7 +23,6 @@ from .types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyEr
 __all__ = ["SegTreeMem"]
 
 COMPAT_MODELS = ("cosine", "pointwise_llm", "batch_llm")
-ADMISSIBLE = ("all", "leaves")
 TOP_DOWN_WEIGHTS = ("inherit", "share")
 
 
@@ -110,10 +109,6 @@ class SegTreeMem(HierarchicalMemory):
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
         if compat != "cosine" and llm is None:
             raise LLMRequiredError(f"compat={compat!r} needs an LLM; pass llm=... or use compat='cosine'.")
-        if relevance not in RELEVANCE_KINDS:
-            raise UnknownPolicyError(f"relevance must be one of {RELEVANCE_KINDS}, got {relevance!r}.")
-        if admissible not in ADMISSIBLE:
-            raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
         self.compat = compat
         self.threshold = check_finite(threshold, "threshold")
         self.alpha = self._check_alpha(alpha)
@@ -121,11 +116,7 @@ class SegTreeMem(HierarchicalMemory):
         if isinstance(k, bool) or int(k) < 1:
             raise InvalidInputError("k must be a positive integer.")
         self.k = int(k)
-        self.relevance_kind = relevance
-        self.hybrid_weight = check_finite(hybrid_weight, "hybrid_weight")
-        if not 0.0 <= self.hybrid_weight <= 1.0:
-            raise InvalidInputError(f"hybrid_weight must be in [0, 1], got {hybrid_weight}.")
-        self.admissible = admissible
+        self.admissible = check_choice(admissible, ADMISSIBLE, "admissible")
         if top_down_weights not in TOP_DOWN_WEIGHTS:
             raise UnknownPolicyError(
                 f"top_down_weights must be one of {TOP_DOWN_WEIGHTS}, got {top_down_weights!r}."
@@ -134,7 +125,15 @@ class SegTreeMem(HierarchicalMemory):
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
         self._structure_cache: tuple[tuple[int, int], Any] | None = None
-        super().__init__(embedder, llm, summarizer=summarizer, summary_chars=summary_chars, store=store)
+        super().__init__(
+            embedder,
+            llm,
+            summarizer=summarizer,
+            summary_chars=summary_chars,
+            store=store,
+            relevance=relevance,
+            hybrid_weight=hybrid_weight,
+        )
         self.default_k = self.k  # type: ignore[misc]
 
     @staticmethod
@@ -164,8 +163,7 @@ class SegTreeMem(HierarchicalMemory):
             "alpha": self.alpha,
             "horizon": self.horizon,
             "k": self.k,
-            "relevance": self.relevance_kind,
-            "hybrid_weight": self.hybrid_weight,
+            **self._relevance_config(),
             "admissible": self.admissible,
             "top_down_weights": self.top_down_weights,
             "summary_chars": self.summary_chars,
@@ -414,9 +412,8 @@ class SegTreeMem(HierarchicalMemory):
             if policy == "collapsed"
             else (self.horizon if horizon is None else self._check_horizon(horizon))
         )
-        w = self.hybrid_weight if hybrid_weight is None else float(hybrid_weight)
         with self._lock:
-            ids, r = self.relevance(query, relevance or self.relevance_kind, hybrid_weight=w)
+            ids, r = self.relevance(query, relevance, hybrid_weight)
             if len(ids) == 0:
                 empty = np.zeros(0)
                 return ids, empty, empty, np.zeros(0, dtype=bool)
@@ -445,31 +442,18 @@ class SegTreeMem(HierarchicalMemory):
         hybrid_weight: float | None = None,
         admissible: str | None = None,
     ) -> list[tuple[int, float, dict[str, Any]]]:
-        admissible = admissible or self.admissible
-        if admissible not in ADMISSIBLE:
-            raise UnknownPolicyError(f"admissible must be one of {ADMISSIBLE}, got {admissible!r}.")
+        admissible = (
+            self.admissible if admissible is None else check_choice(admissible, ADMISSIBLE, "admissible")
+        )
         ids, s, best, leaf = self._propagated(
             query, policy, alpha, horizon, relevance, hybrid_weight, copies=admissible == "all"
         )
         if len(ids) == 0:
             return []
         if admissible == "leaves":  # line 14: TopK over 𝒢
-            pos = np.nonzero(leaf)[0]
-        else:  # a node's copies share its text: it ranks with the best score among them
-            s = best
-            pos = np.arange(len(ids))
-        order = pos[np.lexsort((ids[pos], -s[pos]))]  # best first, ties by node id
-        out: list[tuple[int, float, dict[str, Any]]] = []
-        seen: set[str] = set()
-        for j in order.tolist():
-            text = self._store.nodes[int(ids[j])].text
-            if text in seen:  # a single-child node repeats its child's text: skip before counting
-                continue
-            seen.add(text)
-            out.append((int(ids[j]), float(s[j]), {"policy": policy}))
-            if len(out) >= 3 * k + 8:  # room for hits that a max_tokens budget skips
-                break
-        return out
+            return self._ranked(ids, s, k, {"policy": policy}, leaf)
+        # a node's copies share its text: it ranks with the best score among them
+        return self._ranked(ids, best, k, {"policy": policy})
 
     def _depth(self, nid: int) -> int:
         """Depth in the levelled tree (single-child copies counted): root level minus the node's level."""
