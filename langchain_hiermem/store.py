@@ -89,6 +89,25 @@ def _operator(value: Any, op: str, arg: Any) -> bool:
     raise InvalidInputError(f"Unsupported filter operator {op!r}; use one of $eq $ne $gt $gte $lt $lte.")
 
 
+def _as_namespace(namespace: Any, what: str = "namespace", allow_empty: bool = False) -> Namespace:
+    """A namespace as a tuple of labels; a plain string is refused (``tuple("ab")`` would be ``("a", "b")``).
+
+    Raises:
+        InvalidNamespaceError: a string, not a tuple / list, an empty namespace (unless allowed) or a bad
+            label (see LangGraph's namespace rules).
+    """
+    if isinstance(namespace, str) or not isinstance(namespace, (tuple, list)):
+        raise InvalidNamespaceError(
+            f"A {what} is a tuple of strings such as ('users', 'alice'); got {namespace!r}. Wrap a single "
+            f"label in a tuple: ({namespace!r},)."
+        )
+    ns = tuple(namespace)
+    if not ns and not allow_empty:
+        raise InvalidNamespaceError("Namespace cannot be empty.")
+    validate_op_namespace(GetOp(ns, ""))
+    return ns
+
+
 def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
     path = tuple(cond.path)
     if len(ns) < len(path):
@@ -125,7 +144,9 @@ class HierMemStore(BaseStore):
 
     Args:
         memory_factory: builds the memory of a new namespace: a callable taking the namespace tuple, or
-            no argument. Default ``None`` = ``SegTreeMem(embedder=<the store's embedder>, **memory_kwargs)``.
+            no argument; it must return a new, empty memory on every call (a memory already used by
+            another namespace, or holding messages, is refused). Default ``None`` =
+            ``SegTreeMem(embedder=<the store's embedder>, **memory_kwargs)``.
         embedder: a core embedder or a LangChain ``Embeddings`` shared by the default memories; default
             the local MiniLM (``LocalEmbedder``).
         fields: default text fields (LangGraph path syntax) for puts without ``index``; default ``None``
@@ -184,7 +205,8 @@ class HierMemStore(BaseStore):
         )
 
     # ------------------------------------------------------------------ memories
-    def _new_memory(self, namespace: Namespace) -> HierarchicalMemory:
+    def _new_memory(self, namespace: Namespace, pending: Iterable[_Added] = ()) -> HierarchicalMemory:
+        """A new, empty memory for ``namespace`` (never one another namespace uses, ``pending`` included)."""
         if self._factory is not None:
             mem = self._factory(namespace) if self._factory_takes_ns else self._factory()
         else:
@@ -199,12 +221,30 @@ class HierMemStore(BaseStore):
             raise InvalidInputError(
                 f"memory_factory must return a hiermem memory (e.g. SegTreeMem()), got {type(mem).__name__}."
             )
+        spaces = [*self._spaces.items(), *((a.ns, a.space) for a in pending)]
+        owner = next((ns for ns, sp in spaces if sp.memory is mem), None)
+        if owner is not None:
+            raise InvalidInputError(
+                f"memory_factory returned the memory of namespace {owner!r} again for {namespace!r}; "
+                "namespaces never share a memory: build a new one on every call (e.g. "
+                "lambda: SegTreeMem(embedder=emb))."
+            )
+        if len(mem) or mem._store.nodes:
+            raise InvalidInputError(
+                f"memory_factory returned a memory that already holds {len(mem)} message(s) for the new "
+                f"namespace {namespace!r}; it must return a new, empty memory on every call."
+            )
         return mem
 
     def get_memory(self, namespace: tuple[str, ...]) -> HierarchicalMemory | None:
-        """The core memory of a namespace (``None`` until something was indexed in it)."""
+        """The core memory of a namespace (``None`` until something was indexed in it).
+
+        Raises:
+            InvalidNamespaceError: a string or otherwise invalid namespace.
+        """
+        ns = _as_namespace(namespace)
         with self._lock:
-            space = self._spaces.get(tuple(namespace))
+            space = self._spaces.get(ns)
             return space.memory if space is not None else None
 
     def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
@@ -213,8 +253,14 @@ class HierMemStore(BaseStore):
         Args:
             namespace: the namespace (its memory is created when it does not exist yet).
             **kwargs: ``HierMemRetriever`` fields (``k``, ``policy``, ``max_tokens``, ``search_kwargs``).
+
+        Returns:
+            The retriever; it sees this namespace's memory only (not its sub-namespaces).
+
+        Raises:
+            InvalidNamespaceError: a string or otherwise invalid namespace.
         """
-        ns = tuple(namespace)
+        ns = _as_namespace(namespace)
         with self._lock:
             space = self._spaces.setdefault(ns, _Space())
             if space.memory is None:
@@ -230,9 +276,11 @@ class HierMemStore(BaseStore):
             ``list[tuple[str, ...]]`` (list namespaces).
 
         Raises:
-            InvalidNamespaceError: a bad namespace label, or an empty namespace in a put.
+            InvalidNamespaceError: a bad namespace label, a namespace given as a plain string (wrap it:
+                ``("alice",)``), or an empty namespace in a put.
             InvalidInputError: a put value that is not a mapping, negative ``limit`` / ``offset``, an
-                unsupported filter operator.
+                unsupported filter operator; a ``memory_factory`` that returned a memory another namespace
+                uses or one that is not empty.
             HierMemError: a memory failed; a run of consecutive puts whose ``add`` fails leaves the
                 store's items and indexed texts as before (ops earlier in the batch stay applied).
         """
@@ -240,6 +288,13 @@ class HierMemStore(BaseStore):
         for op in ops:
             if not isinstance(op, (GetOp, SearchOp, PutOp, ListNamespacesOp)):
                 raise InvalidInputError(f"Unknown store operation {type(op).__name__}.")
+            if isinstance(op, SearchOp):
+                _as_namespace(op.namespace_prefix, "namespace prefix", allow_empty=True)
+            elif isinstance(op, (GetOp, PutOp)):
+                _as_namespace(op.namespace, allow_empty=True)
+            else:
+                for cond in op.match_conditions or ():
+                    _as_namespace(cond.path, "match condition path", allow_empty=True)
             validate_op_namespace(op)
             if isinstance(op, PutOp):
                 if not op.namespace:
@@ -309,7 +364,7 @@ class HierMemStore(BaseStore):
         added: list[_Added] = []
         try:
             for ns, group in by_ns.items():
-                added.append(self._add_texts(ns, group))
+                added.append(self._add_texts(ns, group, added))
         except BaseException:
             for a in added:
                 for lids in a.leaves.values():
@@ -318,7 +373,7 @@ class HierMemStore(BaseStore):
         for a in added:
             self._finish_puts(a)
 
-    def _add_texts(self, ns: Namespace, ops: list[PutOp]) -> _Added:
+    def _add_texts(self, ns: Namespace, ops: list[PutOp], pending: list[_Added]) -> _Added:
         space = self._spaces.get(ns) or _Space()
         messages: list[Message] = []
         for op in ops:
@@ -331,7 +386,7 @@ class HierMemStore(BaseStore):
         added = _Added(ns, space, ops)
         if messages:
             if space.memory is None:
-                space.memory = self._new_memory(ns)
+                space.memory = self._new_memory(ns, pending)
             report = space.memory.add(messages)  # atomic: on error this memory is unchanged
             for m, lid in zip(messages, report.leaf_ids):
                 added.leaves.setdefault(m.id or "", []).append(lid)

@@ -4,7 +4,7 @@
   :class:`XMemoryIndex` (and :class:`HierMemIndex` around any given memory), reloaded with
   ``SegTreeIndex.from_persist_dir(d)`` or :func:`load_index_from_storage`.
 * :class:`HierMemRetriever` (``BaseRetriever``) and :class:`HierMemBlock` (``BaseMemoryBlock`` for
-  ``llama_index.core.memory.Memory``).
+  ``llama_index.core.memory.Memory``, one memory per session; :class:`SessionMismatchError`).
 * Models: :class:`LlamaIndexEmbedder`, :class:`LlamaIndexLLM` (LlamaIndex models as core protocols),
   :class:`HierMemEmbedding` (a core embedder as a LlamaIndex ``BaseEmbedding``).
 """
@@ -18,7 +18,7 @@ from .base import (
     XMemoryIndex,
     load_index_from_storage,
 )
-from .memory import HierMemBlock
+from .memory import HierMemBlock, SessionMismatchError
 from .models import HierMemEmbedding, LlamaIndexEmbedder, LlamaIndexLLM, resolve_embedder, resolve_llm
 from .retrievers import HierMemRetriever
 
@@ -33,6 +33,7 @@ __all__ = [
     "LlamaIndexLLM",
     "MemTreeIndex",
     "SegTreeIndex",
+    "SessionMismatchError",
     "XMemoryIndex",
     "load_index_from_storage",
     "resolve_embedder",

@@ -133,16 +133,23 @@ class HierMemVectorStore(BasePydanticVectorStore):
     def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """Retrieve ``query.similarity_top_k`` nodes for ``query.query_str`` with the default policy.
 
+        ``query.filters``, ``query.node_ids`` and ``query.doc_ids`` scope the result as in
+        :class:`~llamaindex_hiermem.retrievers.HierMemRetriever`: no node outside them is returned, and no
+        summary of a span that holds one.
+
         Raises:
-            InvalidInputError: no ``query_str`` (this store answers text queries), or metadata filters.
+            InvalidInputError: no ``query_str`` (this store answers text queries); bad filters or ids.
         """
         if not query.query_str:
             raise InvalidInputError(
                 "HierMemVectorStore answers text queries: set VectorStoreQuery.query_str."
             )
-        if query.filters is not None:
-            raise InvalidInputError("HierMemVectorStore does not support metadata filters.")
-        found = self._index.as_retriever(similarity_top_k=query.similarity_top_k).retrieve(query.query_str)
+        found = self._index.as_retriever(
+            similarity_top_k=query.similarity_top_k,
+            filters=query.filters,
+            node_ids=query.node_ids,
+            doc_ids=query.doc_ids,
+        ).retrieve(query.query_str)
         return VectorStoreQueryResult(
             nodes=[n.node for n in found],
             similarities=[float(n.score or 0.0) for n in found],
@@ -526,18 +533,22 @@ class HierMemIndex(BaseIndex[IndexGraph]):
             policy: retrieval policy (default: the memory's default).
             similarity_top_k: at most this many nodes (default: the memory's default, usually 10).
             max_tokens: optional budget of returned text in tokens.
-            **kwargs: the policy's parameters (e.g. SegTreeMem ``alpha``, ``horizon``, ``admissible``);
-                names the memory's retrieval does not take are ignored here, because query and chat
-                engines forward their own options too (build a ``HierMemRetriever`` directly to have
-                unknown names rejected).
+            **kwargs: ``filters`` (``MetadataFilters`` over the nodes' metadata), ``node_ids`` and
+                ``doc_ids`` (``ref_doc_id`` values) scope what may be returned, as for LlamaIndex's
+                vector retrievers (see :class:`HierMemRetriever`); the other names are the policy's
+                parameters (e.g. SegTreeMem ``alpha``, ``horizon``, ``admissible``). Names the memory's
+                retrieval does not take are ignored here, because query and chat engines forward their
+                own options too (build a ``HierMemRetriever`` directly to have unknown names rejected).
 
         Returns:
             The retriever (leaves as this docstore's nodes).
 
         Raises:
             UnknownPolicyError: a policy the memory does not have.
-            InvalidInputError: ``similarity_top_k`` / ``max_tokens`` not a positive integer.
+            InvalidInputError: ``similarity_top_k`` / ``max_tokens`` not a positive integer; bad
+                ``filters``, ``node_ids`` or ``doc_ids``.
         """
+        scope = {name: kwargs.pop(name, None) for name in ("filters", "node_ids", "doc_ids")}
         accepted = policy_param_names(self._memory)
         params = dict(kwargs) if accepted is None else {k: v for k, v in kwargs.items() if k in accepted}
         return HierMemRetriever(
@@ -549,6 +560,7 @@ class HierMemIndex(BaseIndex[IndexGraph]):
             id_prefix=self.id_prefix,
             callback_manager=self._callback_manager,
             object_map=self._object_map,
+            **scope,
             **params,
         )
 

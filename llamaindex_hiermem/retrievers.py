@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 from llama_index.core.storage.docstore.types import BaseDocumentStore
+from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.utils import build_metadata_filter_fn
 
-from shared_core.base import HierarchicalMemory
-from shared_core.types import Hit, InvalidInputError, UnknownPolicyError
+from shared_core.base import HierarchicalMemory, count_tokens
+from shared_core.types import Hit, InvalidInputError, Message, UnknownPolicyError
 
-__all__ = ["STRUCTURE_KEYS", "HierMemRetriever", "hit_to_node", "policy_param_names"]
+__all__ = [
+    "STRUCTURE_KEYS",
+    "HierMemRetriever",
+    "hit_to_node",
+    "metadata_matcher",
+    "policy_param_names",
+]
 
 #: Metadata keys every node built from a hit carries; hidden from the LLM and embedding views.
 STRUCTURE_KEYS = ("node_id", "depth", "span", "source_ids", "is_leaf", "level", "kind", "policy")
+# At most this many rounds of doubling k when a scoped retrieval keeps fewer hits than asked for.
+_MAX_WIDEN = 8
 
 
 def policy_param_names(memory: HierarchicalMemory) -> frozenset[str] | None:
@@ -39,6 +51,135 @@ def policy_param_names(memory: HierarchicalMemory) -> frozenset[str] | None:
         if p.kind is not inspect.Parameter.VAR_POSITIONAL:
             names.add(p.name)
     return frozenset(names)
+
+
+def metadata_matcher(filters: MetadataFilters) -> Callable[[Mapping[str, Any]], bool]:
+    """A predicate over a metadata dict for LlamaIndex ``MetadataFilters`` (nested filters included).
+
+    Each single filter is evaluated as LlamaIndex's own vector stores do
+    (``llama_index.core.vector_stores.utils.build_metadata_filter_fn``); the filters of one level are
+    combined by their ``condition`` (``and`` by default, ``or``, ``not`` = none matches). A comparison
+    that cannot be made (e.g. ``"a" > 1``, a text match on a number) does not match.
+
+    Args:
+        filters: the filters.
+
+    Returns:
+        ``metadata -> bool``.
+
+    Raises:
+        InvalidInputError: ``filters`` is not a ``MetadataFilters`` (or holds something else than
+            ``MetadataFilter`` / ``MetadataFilters``).
+    """
+    if not isinstance(filters, MetadataFilters):
+        raise InvalidInputError(
+            "filters must be llama_index.core.vector_stores.MetadataFilters, e.g. "
+            "MetadataFilters(filters=[MetadataFilter(key='user', value='alice')]); "
+            f"got {type(filters).__name__}."
+        )
+    parts: list[Callable[[Mapping[str, Any]], bool]] = []
+    for f in filters.filters:
+        if isinstance(f, MetadataFilters):
+            parts.append(metadata_matcher(f))
+        elif isinstance(f, MetadataFilter):
+            parts.append(_single_matcher(f))
+        else:
+            raise InvalidInputError(
+                "A MetadataFilters entry must be a MetadataFilter or MetadataFilters, got "
+                f"{type(f).__name__}."
+            )
+    condition = filters.condition or FilterCondition.AND
+    if condition == FilterCondition.OR:
+        return lambda md: any(p(md) for p in parts)
+    if condition == FilterCondition.NOT:
+        return lambda md: not any(p(md) for p in parts)
+    return lambda md: all(p(md) for p in parts)
+
+
+def _single_matcher(f: MetadataFilter) -> Callable[[Mapping[str, Any]], bool]:
+    # LlamaIndex's evaluator looks metadata up by node id; here the "id" handed to it is the metadata.
+    fn = build_metadata_filter_fn(lambda md: md, MetadataFilters(filters=[f]))  # type: ignore[arg-type,return-value]
+
+    def match(md: Mapping[str, Any]) -> bool:
+        try:
+            return bool(fn(md))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+
+    return match
+
+
+class _Scope:
+    """Which stored messages a scoped retriever may show: metadata ``filters``, ``node_ids``, ``doc_ids``.
+
+    A hit is in scope only when every message its text can draw on is: each leaf under the node in the
+    tree and each message named by the hit's ``source_ids`` (for xMemory these include the episodes a
+    semantic is linked to outside its subtree). A message without an id fails ``node_ids`` / ``doc_ids``;
+    a message whose document is unknown to the docstore fails ``doc_ids``.
+    """
+
+    def __init__(
+        self,
+        filters: MetadataFilters | None,
+        node_ids: Iterable[str] | None,
+        doc_ids: Iterable[str] | None,
+        docstore: BaseDocumentStore | None,
+    ) -> None:
+        self.match = metadata_matcher(filters) if filters is not None else None
+        self.node_ids = _id_set(node_ids, "node_ids")
+        self.doc_ids = _id_set(doc_ids, "doc_ids")
+        if self.doc_ids is not None and docstore is None:
+            raise InvalidInputError(
+                "doc_ids scopes retrieval to documents, which needs the docstore holding the nodes: "
+                "use index.as_retriever(doc_ids=...), or pass docstore= (or scope with node_ids=)."
+            )
+        self.docstore = docstore
+
+    def message_ok(self, msg: Message | None) -> bool:
+        if msg is None:
+            return False
+        if self.node_ids is not None and msg.id not in self.node_ids:
+            return False
+        if self.doc_ids is not None:
+            assert self.docstore is not None
+            node = self.docstore.get_node(msg.id, raise_error=False) if msg.id is not None else None
+            if node is None or node.ref_doc_id not in self.doc_ids:
+                return False
+        return self.match is None or self.match(msg.metadata or {})
+
+    def hits_in_scope(self, memory: HierarchicalMemory, hits: list[Hit]) -> list[Hit]:
+        """The hits whose every underlying message is in scope (order kept)."""
+        out: list[Hit] = []
+        with memory._lock:  # a consistent read of the node store
+            store = memory._store
+            by_source: dict[str, list[Message]] | None = None
+            for h in hits:
+                if h.node_id not in store.nodes:
+                    continue
+                leaves = [store.nodes[i] for i in store.leaves_under(h.node_id)]
+                if not all(self.message_ok(n.message) for n in leaves):
+                    continue
+                under = {n.message.id for n in leaves if n.message is not None and n.message.id is not None}
+                extra = [s for s in h.source_ids if s not in under]
+                if extra:
+                    if by_source is None:
+                        by_source = {}
+                        for lid in store.leaves():
+                            m = store.nodes[lid].message
+                            if m is not None and m.id is not None:
+                                by_source.setdefault(m.id, []).append(m)
+                    if not all(by_source.get(s) and all(map(self.message_ok, by_source[s])) for s in extra):
+                        continue
+                out.append(h)
+        return out
+
+
+def _id_set(ids: Iterable[str] | None, name: str) -> frozenset[str] | None:
+    if ids is None:
+        return None
+    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids):
+        raise InvalidInputError(f"{name} must be a list of id strings (or None), got {ids!r}.")
+    return frozenset(ids)
 
 
 def _json_scalar(v: Any) -> bool:
@@ -110,6 +251,12 @@ class HierMemRetriever(BaseRetriever):
     new ``TextNode`` objects with structure metadata (see :func:`hit_to_node`). Scores are the policy's
     scores (higher is better; their scale depends on the policy).
 
+    Scoping (``filters``, ``node_ids``, ``doc_ids``, as for LlamaIndex's vector retrievers) never lets
+    out-of-scope text through: a leaf is returned only when its message is in scope, and an internal node
+    (whose summary mixes its messages) only when every message under it is. The memory is asked for more
+    hits (``k`` doubled, up to 8 times) until ``similarity_top_k`` in-scope hits are found or it has no
+    more; ``max_tokens`` then applies to the kept hits.
+
     Args:
         memory: the core memory (:class:`~shared_core.base.HierarchicalMemory`).
         policy: retrieval policy, one of ``memory.policies``; default ``None`` = the memory's default
@@ -120,6 +267,12 @@ class HierMemRetriever(BaseRetriever):
             ``None`` (no budget).
         docstore: the docstore holding the leaves' nodes (an index's ``docstore``); default ``None``.
         id_prefix: prefix of the ids of nodes built from hits, default ``"hiermem/"``.
+        filters: LlamaIndex ``MetadataFilters`` over the stored messages' metadata (an index's node
+            metadata), e.g. ``MetadataFilters(filters=[MetadataFilter(key="user", value="alice")])``;
+            default ``None`` (no filter).
+        node_ids: only these stored nodes (messages) may be shown; default ``None`` (all).
+        doc_ids: only nodes parsed from these documents (``ref_doc_id``, looked up in ``docstore``) may be
+            shown; default ``None`` (all).
         callback_manager: LlamaIndex callbacks, default ``None``.
         object_map: LlamaIndex recursive-retrieval objects, default ``None``.
         verbose: LlamaIndex verbosity, default ``False``.
@@ -127,7 +280,9 @@ class HierMemRetriever(BaseRetriever):
 
     Raises:
         InvalidInputError: ``memory`` is not a hiermem memory; ``similarity_top_k`` or ``max_tokens`` is
-            not a positive integer; a policy parameter the memory does not take.
+            not a positive integer; a policy parameter the memory does not take; ``filters`` that are not
+            ``MetadataFilters``; ``node_ids`` / ``doc_ids`` that are not lists of strings; ``doc_ids``
+            without ``docstore``.
         UnknownPolicyError: a policy the memory does not have.
 
     References:
@@ -144,6 +299,9 @@ class HierMemRetriever(BaseRetriever):
         max_tokens: int | None = None,
         docstore: BaseDocumentStore | None = None,
         id_prefix: str = "hiermem/",
+        filters: MetadataFilters | None = None,
+        node_ids: list[str] | None = None,
+        doc_ids: list[str] | None = None,
         callback_manager: CallbackManager | None = None,
         object_map: dict | None = None,
         verbose: bool = False,
@@ -176,6 +334,11 @@ class HierMemRetriever(BaseRetriever):
         self.docstore = docstore
         self.id_prefix = id_prefix
         self.policy_params = dict(policy_params)
+        scoped = filters is not None or node_ids is not None or doc_ids is not None
+        self._scope = _Scope(filters, node_ids, doc_ids, docstore) if scoped else None
+        self.filters = filters
+        self.node_ids = list(node_ids) if node_ids is not None else None
+        self.doc_ids = list(doc_ids) if doc_ids is not None else None
         super().__init__(callback_manager=callback_manager, object_map=object_map, verbose=verbose)
 
     def _to_nodes(self, hits: list[Hit]) -> list[NodeWithScore]:
@@ -184,17 +347,43 @@ class HierMemRetriever(BaseRetriever):
             for h in hits
         ]
 
+    def _hits(self, query: str) -> list[Hit]:
+        if self._scope is None:
+            return self.memory.retrieve(
+                query,
+                k=self.similarity_top_k,
+                policy=self.policy,
+                max_tokens=self.max_tokens,
+                **self.policy_params,
+            )
+        want = self.similarity_top_k if self.similarity_top_k is not None else self.memory.default_k
+        k = want
+        kept: list[Hit] = []
+        for _ in range(_MAX_WIDEN):
+            hits = self.memory.retrieve(query, k=k, policy=self.policy, **self.policy_params)
+            kept = self._scope.hits_in_scope(self.memory, hits)
+            if len(kept) >= want or len(hits) < k:
+                break
+            k *= 2
+        out: list[Hit] = []
+        used = 0
+        for h in kept:
+            if self.max_tokens is not None:
+                t = count_tokens(h.text)
+                if used + t > self.max_tokens:
+                    continue
+                used += t
+            out.append(h)
+            if len(out) >= want:
+                break
+        return out
+
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        hits = self.memory.retrieve(
-            query_bundle.query_str,
-            k=self.similarity_top_k,
-            policy=self.policy,
-            max_tokens=self.max_tokens,
-            **self.policy_params,
-        )
-        return self._to_nodes(hits)
+        return self._to_nodes(self._hits(query_bundle.query_str))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if self._scope is not None:
+            return self._to_nodes(await asyncio.to_thread(self._hits, query_bundle.query_str))
         hits = await self.memory.aretrieve(
             query_bundle.query_str,
             self.similarity_top_k,

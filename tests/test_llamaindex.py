@@ -635,10 +635,13 @@ async def test_memory_block_budget_render_and_truncate():
         HierMemBlock(memory="nope")
 
 
-def test_memory_block_default_memory_uses_settings(embedder):
+async def test_memory_block_default_memory_uses_settings(embedder):
     block = HierMemBlock()
-    assert isinstance(block.memory, SegTreeMem)
-    assert block.memory.embedder is embedder and block.memory.llm is None
+    assert block.memory is None and block.session_memory("s1") is None  # built on first use
+    await block.aput([ChatMessage(role="user", content=TEXTS[0])], session_id="s1")
+    mem = block.session_memory("s1")
+    assert isinstance(mem, SegTreeMem)
+    assert mem.embedder is embedder and mem.llm is None
     assert json.loads(block.model_dump_json())["name"] == "hierarchical_memory"
 
 
