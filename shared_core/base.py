@@ -180,6 +180,7 @@ class HierarchicalMemory(abc.ABC):
         self._tx_vecs: dict[str, np.ndarray] = {}
         self._state_snapshot: Any = None
         self._index_created = False  # the open transaction created the index
+        self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
         self._version = 0  # bumped on every commit; caches key on it
         self._durable: Any = None  # shared_core.durable.DurableStore when a store is attached
         if store is not None:
@@ -645,6 +646,69 @@ class HierarchicalMemory(abc.ABC):
         d = dense / dense.max() if dense.max() > 0 else dense
         b = bm / bm.max() if bm.max() > 0 else bm
         return ids, (hybrid_weight * d + (1.0 - hybrid_weight) * b).astype(np.float32)
+
+    def _propagated_scores(
+        self,
+        ids: np.ndarray,
+        r: np.ndarray,
+        direction: str,
+        alpha: float,
+        horizon: int,
+        *,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """Relevance propagated over this memory's tree (SegTreeMem's Algorithm 2 on any tree).
+
+        The finite-horizon mixture ``sum_k alpha^k W^k s0 / sum_k alpha^k`` with ``s0 = r / sum(r)`` over
+        the indexed nodes, where ``W`` moves a node's score to its children (``top_down``; whole with
+        ``normalize=False``, split equally with ``True``) or to its parent (``bottom_up``). Nodes without
+        text (e.g. MemTree's structural root) carry no score and are skipped: their children count as
+        roots. The operator is cached until the next change of the memory.
+
+        Args:
+            ids: indexed node ids ``int64 (n,)`` as :meth:`relevance` returns them.
+            r: local relevance ``(n,)``, non-negative.
+            direction: ``"top_down"`` or ``"bottom_up"``.
+            alpha: decay in ``[0, 1)``. horizon: ``H >= 0``.
+            normalize: split a parent's score among its children (the paper's operator).
+
+        Returns:
+            ``float64 (n,)`` propagated scores, aligned with ``ids``.
+
+        Raises:
+            InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
+            UnknownPolicyError: an unknown direction.
+
+        References:
+            SegTreeMem paper, Sec. 4.3.1, Eq. (3)-(4), Appendix A Algorithm 2.
+        """
+        from .propagation import propagate, propagation_matrix
+
+        r = np.asarray(r, dtype=np.float64)
+        total = float(r.sum())
+        s0 = r / total if total > 0 else np.full(len(r), 1.0 / max(len(r), 1))
+        if horizon == 0 or len(ids) == 0:
+            return propagate(None, s0, alpha, 0)
+        key = (self._version, len(ids), direction, normalize)
+        cached = self._operator_cache
+        if cached is not None and cached[0] == key:
+            W = cached[1]
+        else:
+            pos = {int(i): j for j, i in enumerate(ids.tolist())}
+            nodes = self._store.nodes
+            parent = np.fromiter(
+                (pos.get(nodes[i].parent, -1) if nodes[i].parent is not None else -1 for i in ids.tolist()),
+                dtype=np.int64,
+                count=len(ids),
+            )
+            W = propagation_matrix(parent, direction, normalize=normalize)
+            self._operator_cache = (key, W)
+        return propagate(W, s0, alpha, horizon)
+
+    def _path(self, nid: int) -> list[int]:
+        """Ids of the node's ancestors that carry text, from the top down (its path in the tree)."""
+        nodes = self._store.nodes
+        return [a for a in reversed(self._store.ancestors(nid)) if nodes[a].text]
 
     def _leaf_mask(self, ids: np.ndarray) -> np.ndarray:
         """``bool (n,)``: which of the node ids are message leaves."""

@@ -4,6 +4,7 @@ A.1.2 aggregation prompt through the openai client, MemTreeModule configuration,
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import threading
@@ -136,10 +137,14 @@ M = [
 ]
 
 
+#: the paper's retrieval: cosine over every node, collapsed (what MemTree.from_config builds)
+PAPER = {"relevance": "dense", "policy": "collapsed", "admissible": "all"}
+
+
 def build_worked(**kw) -> tuple[MemTree, list, RecordingSummarizer]:
     emb = KeywordEmbedder()
     rec = RecordingSummarizer(ExtractiveSummarizer(emb))
-    mem = MemTree(emb, summarizer=rec, **kw)
+    mem = MemTree(emb, summarizer=rec, **{**PAPER, **kw})
     reports = [mem.add(Message(t, id=f"m{i + 1}")) for i, t in enumerate(M)]
     return mem, reports, rec
 
@@ -500,10 +505,104 @@ def test_collapsed_threshold_topk_and_max_context():
         mem.retrieve("pizza", max_context=0)
     with pytest.raises(InvalidInputError, match="threshold"):
         mem.retrieve("pizza", threshold=2.0)
-    with pytest.raises(InvalidInputError, match="Unknown MemTree retrieval parameters: alpha"):
-        mem.retrieve("pizza", alpha=0.1)
+    with pytest.raises(InvalidInputError, match="Unknown MemTree retrieval parameters: beta"):
+        mem.retrieve("pizza", beta=0.1)
     with pytest.raises(UnknownPolicyError):
         mem.retrieve("pizza", policy="bottom_up")
+
+
+def test_top_down_worked_by_hand():
+    """Default retrieval: each node's relevance flows whole to the nodes below it (alpha = 0.3, H = 2),
+    message leaves are returned. Worked with dense relevance (cosines of keyword sets)."""
+    mem, reports, _ = build_worked(relevance="dense", policy="top_down", admissible="leaves")
+    L = [r.leaf_ids[0] for r in reports]
+    P1, P2, P3 = (reports[i].details[0]["parent"] for i in (1, 3, 4))
+    # "pizza": r(L3) = 1/sqrt(2), r(P2) = 1/sqrt(3) ({food, pizza, pasta}), every other node 0.
+    # s0 = r / sum r; the structural root has no text, so P2 is a root of the propagation:
+    # s(L3) = (s0(L3) + 0.3 s0(P2)) / 1.39, s(L4) = 0.3 s0(P2) / 1.39, and P2 is not admissible.
+    a, b = 1 / math.sqrt(2), 1 / math.sqrt(3)
+    hits = mem.retrieve("pizza", k=3)
+    assert [h.node_id for h in hits[:2]] == [L[2], L[3]]
+    assert [h.score for h in hits[:2]] == pytest.approx(
+        [(a + 0.3 * b) / (a + b) / 1.39, 0.3 * b / (a + b) / 1.39]
+    )
+    assert all(h.is_leaf for h in hits) and len(hits) == 3 and hits[2].score == 0.0
+    assert hits[0].metadata["path"] == [P2] and hits[0].metadata["policy"] == "top_down"
+    # H = 0 is collapsed ranking over the leaves: L4 has no relevance of its own
+    assert mem.retrieve("pizza", k=2, horizon=0)[1].score == 0.0
+    # "walk" reaches L5 {pet, dog, walk} and L6 {vet, cat, walk} (1/sqrt(3)); P3 and
+    # P1 (its summary names walk) pass their scores down, so L1 (under P3) outranks L2 (under P1 only).
+    order = [h.node_id for h in mem.retrieve("walk", k=6)]
+    assert order.index(L[0]) < order.index(L[1]) and set(order[:2]) == {L[4], L[5]}
+    assert mem.retrieve("walk", k=6)[-1].metadata["path"] in ([P1], [P1, P3], [P2])
+    # admissible="all" lets summaries compete. "food pasta pizza": r(P2) = 1, r(L3) = r(L4) = 2/sqrt(6);
+    # s(P2) = s0(P2) / 1.39 < s(L3) = s(L4) = (s0(L3) + 0.3 s0(P2)) / 1.39 (tie: older first)
+    hits = mem.retrieve("food pasta pizza", k=3, admissible="all")
+    assert [h.node_id for h in hits] == [L[2], L[3], P2]
+    c = 2 / math.sqrt(6)
+    assert hits[2].score == pytest.approx(1 / (1 + 2 * c) / 1.39)
+    assert hits[2].metadata["path"] == [] and not hits[2].is_leaf
+
+
+def test_hybrid_relevance_finds_words_the_embedder_does_not_know():
+    """The default relevance mixes BM25 in: "stray" is no keyword of the embedder (every cosine 0),
+    BM25 finds the one message that says it."""
+    mem, reports, _ = build_worked(relevance="hybrid", policy="top_down", admissible="leaves")
+    L = [r.leaf_ids[0] for r in reports]
+    assert mem.retrieve("stray", k=1)[0].node_id == L[5]
+    dense = build_worked(relevance="dense", policy="top_down", admissible="leaves")[0]
+    assert dense.retrieve("stray", k=1)[0].node_id != L[5]  # all ties at 0: the oldest leaf
+    assert mem.retrieve("stray", k=1, relevance="dense")[0].node_id != L[5]  # per-call override
+
+
+def test_defaults_options_and_bad_values():
+    mem = MemTree(KeywordEmbedder())
+    assert (mem.default_policy, mem.relevance_kind, mem.admissible, mem.alpha, mem.horizon) == (
+        "top_down",
+        "hybrid",
+        "leaves",
+        0.3,
+        2,
+    )
+    paper = MemTree.from_config({}, embedder=KeywordEmbedder())
+    assert (paper.default_policy, paper.relevance_kind, paper.admissible) == ("collapsed", "dense", "all")
+    for kw, err, pat in [
+        ({"relevance": "cosine"}, UnknownPolicyError, "relevance must be one of 'dense', 'bm25', 'hybrid'"),
+        ({"admissible": "some"}, UnknownPolicyError, "admissible must be one of 'all', 'leaves'"),
+        (
+            {"policy": "greedy"},
+            UnknownPolicyError,
+            "policy must be one of 'top_down', 'collapsed', 'traversal'",
+        ),
+        ({"alpha": 1.0}, InvalidInputError, "alpha"),
+        ({"horizon": -1}, InvalidInputError, "horizon"),
+        ({"hybrid_weight": 1.5}, InvalidInputError, "hybrid_weight"),
+    ]:
+        with pytest.raises(err, match=pat):
+            MemTree(KeywordEmbedder(), **kw)
+    mem.add(M)
+    with pytest.raises(UnknownPolicyError, match="relevance"):
+        mem.retrieve("pet", relevance="sparse")
+    with pytest.raises(UnknownPolicyError, match="admissible"):
+        mem.retrieve("pet", admissible="none")
+    with pytest.raises(InvalidInputError, match="alpha"):
+        mem.retrieve("pet", alpha=-0.1)
+
+
+def test_saves_from_before_the_options_retrieve_as_the_paper(tmp_path):
+    """A save whose config lacks the retrieval options loads with the behaviour it was built with."""
+    mem, _, _ = build_worked()
+    new = MemTree(KeywordEmbedder())
+    new.add(M)
+    new.save(tmp_path / "mt")
+    path = tmp_path / "mt" / (tmp_path / "mt" / "CURRENT").read_text().strip() / "memory.json"
+    data = json.loads(path.read_text())
+    for key in ("relevance", "hybrid_weight", "alpha", "horizon", "admissible", "policy"):
+        del data["config"][key]
+    path.write_text(json.dumps(data))
+    back = MemTree.load(tmp_path / "mt", embedder=KeywordEmbedder())
+    assert (back.default_policy, back.relevance_kind, back.admissible) == ("collapsed", "dense", "all")
+    assert [h.text for h in back.retrieve("pizza")] == [h.text for h in mem.retrieve("pizza")]
 
 
 def test_traversal_follows_top_k_children():
@@ -558,7 +657,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_local_embedder_end_to_end(local_embedder):
-    mem = MemTree(local_embedder)
+    mem = MemTree(local_embedder, **PAPER)
     mem.add(
         [
             Message("I adopted a dog named Luna last spring.", id="d1"),
