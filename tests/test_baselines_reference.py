@@ -7,16 +7,21 @@ PyStemmer on messages rendered as ``"<speaker>: <text>"`` (LoCoMo image captions
 
 from __future__ import annotations
 
+import math
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from shared_core.eval import (
     Conversation,
     FlatBM25,
     FlatDense,
+    FlatFusion,
     FlatHybridRRF,
     Query,
     evaluate_online,
@@ -24,7 +29,9 @@ from shared_core.eval import (
     load_realmem,
     render_message,
 )
+from shared_core.lexical import tokenize
 from shared_core.models.local import LocalEmbedder
+from shared_core.relevance import fuse, max_normalized
 from shared_core.types import EmbeddingError, InvalidInputError, Message
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -146,6 +153,229 @@ def test_rrf_is_reciprocal_rank_fusion_of_both_rankings(embedder):
         FlatHybridRRF(embedder, k_rrf=-1)
 
 
+# --------------------------------------------------------------------------- max-normalised fusion
+class TableEmbedder:
+    """Returns the vector given for each text (not normalised: the baselines normalise); other texts
+    (a memory's summaries) get a fixed vector made from the text's CRC32 when ``others`` is true."""
+
+    def __init__(self, table: dict[str, Sequence[float]], others: bool = False) -> None:
+        self.table = {t: np.asarray(v, dtype=np.float32) for t, v in table.items()}
+        self.dim = len(next(iter(table.values())))
+        self.others = others
+
+    def _vec(self, text: str) -> np.ndarray:
+        if text in self.table or not self.others:
+            return self.table[text]
+        rng = np.random.default_rng(zlib.crc32(text.encode()))
+        return rng.normal(size=self.dim).astype(np.float32)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self._vec(t) for t in texts])
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+# Four two-token messages (after stop words and stemming), so every length equals the average and BM25
+# of a one-word query is idf * 1 / (1 + k1) in the messages holding the word, 0 elsewhere.
+FRUIT = {
+    "apple pie": [0.0, 1.0],  # cos with the query 0.6
+    "banana split": [1.0, 0.0],  # cos 0.8
+    "apple tart": [0.6, 0.8],  # cos 0.96, the dense maximum
+    "cherry cake": [-1.0, 0.0],  # cos -0.8 -> 0
+    "apple": [0.8, 0.6],
+    "durian": [0.8, 0.6],  # no stored message has this word: BM25 is 0 everywhere
+    "plum": [-1.0, 0.0],  # cos 0, -1, -0.6, 1: one positive cosine
+    "apples": [0.0, 1.0],
+}
+
+
+def test_fusion_worked_by_hand():
+    f = FlatFusion(TableEmbedder(FRUIT))
+    assert f.retrieve("apple") == [] and f.scores("apple").shape == (0,)
+    f.add(["apple pie", "banana split"])
+    f.add(["apple tart", "cherry cake"])
+    # dense / max = (0.6, 0.8, 0.96, 0) / 0.96 = (0.625, 0.8333, 1, 0); bm25 / max = (1, 0, 1, 0)
+    expected = [0.5 * 0.625 + 0.5, 0.5 * 0.8 / 0.96, 1.0, 0.0]
+    np.testing.assert_allclose(f.scores("apple"), expected, rtol=1e-6)
+    hits = f.retrieve("apple", k=4)
+    assert [h.node_id for h in hits] == [2, 0, 1, 3]
+    assert [h.score for h in hits] == pytest.approx([1.0, 0.8125, 0.8 / 1.92, 0.0], rel=1e-6)
+    assert (hits[0].text, hits[0].span, hits[0].depth, hits[0].is_leaf) == ("apple tart", (2, 2), 1, True)
+    # weight 0.3 on the dense part
+    g = FlatFusion(TableEmbedder(FRUIT), hybrid_weight=0.3)
+    g.add(list(FRUIT)[:4])
+    np.testing.assert_allclose(g.scores("apple"), [0.3 * 0.625 + 0.7, 0.3 * 0.8 / 0.96, 1.0, 0.0], rtol=1e-6)
+    # a zero BM25 maximum leaves the lexical part at zero: the score is w * dense / max
+    np.testing.assert_allclose(f.scores("durian"), [0.3125, 0.5 * 0.8 / 0.96, 0.5, 0.0], rtol=1e-6)
+    # negative cosines count as 0; the zero scores tie and come in insertion order
+    assert f.scores("plum").tolist() == [0.0, 0.0, 0.0, 0.5]
+    assert [h.node_id for h in f.retrieve("plum", k=4)] == [3, 0, 1, 2]
+    # w = 1 is max(cos, 0) alone, w = 0 stemmed BM25 alone
+    dense_only = FlatFusion(TableEmbedder(FRUIT), hybrid_weight=1.0)
+    dense_only.add(list(FRUIT)[:4])
+    np.testing.assert_allclose(dense_only.scores("apple"), [0.625, 0.8 / 0.96, 1.0, 0.0], rtol=1e-6)
+    lexical = FlatFusion(TableEmbedder(FRUIT), hybrid_weight=0)
+    lexical.add(list(FRUIT)[:4])
+    assert lexical.scores("apple").tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert lexical.scores("apples").tolist() == [1.0, 0.0, 1.0, 0.0]  # stemmed like FlatBM25
+
+
+def test_fusion_distinct_texts_budget_and_errors():
+    f = FlatFusion(TableEmbedder(FRUIT))
+    f.add(["apple tart", "apple pie", "apple tart", "banana split"])
+    hits = f.retrieve("apple", k=3)
+    # the repeated text is skipped, the next message is taken: k hits with distinct texts
+    assert [h.node_id for h in hits] == [0, 1, 3]
+    assert [h.node_id for h in f.retrieve("apple", k=10)] == [0, 1, 3]
+    # budget: "apple tart" is 2 tokens; a budget of 3 keeps it and skips "apple pie" (2 more)
+    assert [h.text for h in f.retrieve("apple", k=3, max_tokens=3)] == ["apple tart"]
+    with pytest.raises(InvalidInputError):
+        f.retrieve("apple", k=0)
+    with pytest.raises(InvalidInputError):
+        f.retrieve(" ", k=1)
+    with pytest.raises(InvalidInputError):
+        f.retrieve("apple", k=1, max_tokens=0)
+    for bad in (-0.1, 1.5, math.nan, True, "0.5"):
+        with pytest.raises(InvalidInputError):
+            FlatFusion(TableEmbedder(FRUIT), hybrid_weight=bad)
+    broken = FlatFusion(_NaNEmbedder())
+    with pytest.raises(EmbeddingError):
+        broken.add(PETS)
+    assert len(broken) == 0 and len(broken.bm25) == 0
+
+
+def test_every_flat_baseline_returns_distinct_texts():
+    texts = ["apple tart", "apple tart", "apple pie", "banana split", "apple tart"]
+    for obj in (
+        FlatDense(TableEmbedder(FRUIT)),
+        FlatBM25(),
+        FlatHybridRRF(TableEmbedder(FRUIT)),
+        FlatFusion(TableEmbedder(FRUIT)),
+    ):
+        obj.add(texts)
+        for budget in (None, 100):
+            hits = obj.retrieve("apple", k=3, max_tokens=budget)
+            assert len(hits) == 3 and len({h.text for h in hits}) == 3, type(obj).__name__
+            assert hits[0].text == "apple tart"
+            if isinstance(obj, (FlatBM25, FlatFusion)):  # exact ties in insertion order
+                assert hits[0].node_id == 0
+
+
+def test_fuse_by_hand_and_errors():
+    np.testing.assert_allclose(fuse([0.5, 0.25, 0.0], [0.0, 2.0, 1.0], 0.5), [0.5, 0.75, 0.25])
+    np.testing.assert_allclose(fuse([0.5, 0.25], [0.0, 0.0], 0.2), [0.2, 0.1])  # zero max stays zero
+    assert fuse([], [], 0.5).shape == (0,) and fuse([1.0], [1.0]).dtype == np.float32
+    np.testing.assert_array_equal(max_normalized([0.0, 0.0]), [0.0, 0.0])
+    for dense, bm25, w in (
+        ([1.0, 2.0], [1.0], 0.5),
+        ([-0.1, 1.0], [1.0, 1.0], 0.5),
+        ([math.nan, 1.0], [1.0, 1.0], 0.5),
+        ([[1.0]], [[1.0]], 0.5),
+        ([1.0], [1.0], 1.01),
+        ([1.0], [1.0], math.inf),
+    ):
+        with pytest.raises(InvalidInputError):
+            fuse(dense, bm25, w)
+
+
+def test_fuse_is_the_memories_hybrid_relevance():
+    from shared_core.segtree import SegTreeMem
+
+    emb = TableEmbedder({**FRUIT, "cherry pie": [0.2, 0.9], "banana bread": [0.9, 0.3]}, others=True)
+    mem = SegTreeMem(emb, relevance="hybrid", hybrid_weight=0.3)
+    mem.add(["apple pie", "banana split", "apple tart", "cherry pie", "banana bread"])
+    for query in ("apple", "durian", "plum"):
+        ids, hybrid = mem.relevance(query, "hybrid", 0.3)
+        ids_d, dense = mem.relevance(query, "dense")
+        ids_b, lex = mem.relevance(query, "bm25")
+        assert ids.tolist() == ids_d.tolist() == ids_b.tolist()
+        np.testing.assert_array_equal(hybrid, fuse(dense, lex, 0.3))
+
+
+VOCAB = ["apple", "banana", "cherry", "dog", "cat", "sun", "rain", "lake"]
+
+
+def _brute_force_fusion(
+    texts: Sequence[str], vecs: np.ndarray, qtext: str, qvec: np.ndarray, w: float
+) -> np.ndarray:
+    """The fusion computed from its definition in float64: cosines from raw vectors, and Lucene BM25
+    (k1 = 1.5, b = 0.75, idf = ln(1 + (N - df + 0.5) / (df + 0.5))) over the tokens."""
+    cos = vecs @ qvec / (np.linalg.norm(vecs, axis=1) * np.linalg.norm(qvec))
+    dense = np.maximum(cos, 0.0)
+    docs = tokenize(list(texts))
+    (query,) = tokenize([qtext])
+    n = len(docs)
+    avg = sum(len(d) for d in docs) / n
+    bm = np.zeros(n)
+    if avg > 0:
+        for term in dict.fromkeys(query):
+            df = sum(term in d for d in docs)
+            if df == 0:
+                continue
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            for i, d in enumerate(docs):
+                tf = d.count(term)
+                bm[i] += idf * tf / (tf + 1.5 * (1 - 0.75 + 0.75 * len(d) / avg))
+    d = dense / dense.max() if dense.max() > 0 else dense
+    b = bm / bm.max() if bm.max() > 0 else bm
+    return w * d + (1 - w) * b
+
+
+_vec = st.lists(st.floats(-1, 1, allow_nan=False), min_size=3, max_size=3).filter(
+    lambda v: float(np.linalg.norm(v)) > 0.05
+)
+_text = st.lists(st.sampled_from(VOCAB), min_size=1, max_size=4).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    docs=st.lists(st.tuples(_text, _vec), min_size=1, max_size=12),
+    query_words=st.lists(st.sampled_from([*VOCAB, "zebra"]), min_size=1, max_size=3, unique=True),
+    qvec=_vec,
+    w=st.floats(0, 1),
+    k=st.integers(1, 14),
+)
+def test_fusion_matches_a_brute_force_implementation(docs, query_words, qvec, w, k):
+    texts = [t for t, _ in docs]
+    table = {}
+    for t, v in docs:
+        table.setdefault(t, v)  # one vector per distinct text
+    qtext = "q " + " ".join(query_words)  # "q" is below bm25s' two-character token minimum
+    table[qtext] = qvec
+    f = FlatFusion(TableEmbedder(table), hybrid_weight=w)
+    cut = max(1, len(texts) // 2)  # two add calls whenever there are two messages
+    f.add(texts[:cut])
+    if texts[cut:]:
+        f.add(texts[cut:])
+    vecs = np.array([table[t] for t in texts], dtype=np.float64)
+    q64 = np.asarray(qvec, dtype=np.float64)
+    top_cos = float(np.max(vecs @ q64 / (np.linalg.norm(vecs, axis=1) * np.linalg.norm(q64))))
+    # dividing by the dense maximum is discontinuous at 0: float32 and float64 may disagree on its sign
+    assume(top_cos > 1e-3 or top_cos < -1e-6)
+    ref = _brute_force_fusion(texts, vecs, qtext, q64, w)
+    np.testing.assert_allclose(f.scores(qtext), ref, atol=1e-5)
+    hits = f.retrieve(qtext, k=k)
+    ids = [h.node_id for h in hits]
+    distinct = list(dict.fromkeys(texts))
+    assert len(hits) == min(k, len(distinct))
+    assert len({h.text for h in hits}) == len(hits)
+    tol = 1e-5
+    for h in hits:
+        assert h.score == pytest.approx(ref[h.node_id], abs=tol)
+        assert h.node_id == texts.index(h.text)  # the first message of a repeated text
+    for x, y in zip(hits, hits[1:]):
+        assert ref[x.node_id] >= ref[y.node_id] - tol
+        if x.score == y.score:
+            assert x.node_id < y.node_id  # exact ties in insertion order
+    if hits:
+        floor = min(ref[i] for i in ids)
+        returned = {h.text for h in hits}
+        for i, t in enumerate(texts):
+            if t not in returned:
+                assert ref[i] <= floor + tol, (i, t)
+
+
 # --------------------------------------------------------------------------- online loop
 class Recorder:
     """Records add batches and what was stored when each retrieve happened."""
@@ -232,6 +462,7 @@ def locomo_result(embedder):
         "bm25_stemmed": lambda: FlatBM25(stem=True),
         "rrf": lambda: FlatHybridRRF(emb, stem=False),
         "rrf_stemmed": lambda: FlatHybridRRF(emb, stem=True),
+        "fusion": lambda: FlatFusion(emb),
     }
     return evaluate_online(convs, methods, k=10, progress=False)
 
@@ -244,7 +475,12 @@ def realmem_result(embedder):
     emb = PrecomputedEmbedder(
         embedder, [render_message(m) for m in conv.messages] + [q.question for q in conv.queries]
     )
-    methods = {"dense": lambda: FlatDense(emb), "bm25_stemmed": lambda: FlatBM25(stem=True)}
+    methods = {
+        "dense": lambda: FlatDense(emb),
+        "bm25_stemmed": lambda: FlatBM25(stem=True),
+        "rrf_stemmed": lambda: FlatHybridRRF(emb, stem=True),
+        "fusion": lambda: FlatFusion(emb),
+    }
     return evaluate_online(conv, methods, k=10, progress=False)
 
 
@@ -257,6 +493,7 @@ def realmem_result(embedder):
         ("bm25_stemmed", "evidence_recall", 0.580),
         ("rrf", "evidence_recall", 0.532),
         ("rrf_stemmed", "evidence_recall", 0.552),
+        ("fusion", "evidence_recall", 0.621),
         ("dense", "answer_token_recall", 0.367),
         ("bm25", "answer_token_recall", 0.377),
     ],
@@ -269,7 +506,10 @@ def test_locomo_reference_figures(locomo_result, method, metric, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, reference", [("dense", 0.492), ("bm25_stemmed", 0.500)])
+@pytest.mark.parametrize(
+    "method, reference",
+    [("dense", 0.492), ("bm25_stemmed", 0.500), ("rrf_stemmed", 0.551), ("fusion", 0.561)],
+)
 def test_realmem_reference_figures(realmem_result, method, reference):
     r = realmem_result.methods[method]
     assert len(r.queries) == 153

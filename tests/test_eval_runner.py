@@ -115,7 +115,7 @@ def test_parse_methods_defaults_and_shared_builds():
     for kind, cls in mems.items():
         usable = [p for p in cls.policies if p not in getattr(cls, "llm_policies", ())]
         assert [n for n in names if n.startswith(kind + ":")] == [f"{kind}:{p}" for p in usable]
-    assert names[-3:] == ["flat_dense", "bm25", "hybrid"]
+    assert names[-4:] == ["flat_dense", "bm25", "hybrid", "fusion"]
     assert "hat:agent" not in names  # LLM-only policy left out without an LLM in the memories
     assert "hat:agent" in [s.name for s in R.parse_methods("hat", memory_llm=True)]
 
@@ -127,6 +127,181 @@ def test_parse_methods_defaults_and_shared_builds():
     assert s.build == "segtree[relevance=dense,threshold=0.4]"
     assert dict(s.params) == {"relevance": "dense", "threshold": 0.4}
     assert s.name == s.build + ":bottom_up"
+
+
+def test_parse_fusion_groups_and_options():
+    assert [s.name for s in R.parse_methods("baselines")] == ["flat_dense", "bm25", "hybrid", "fusion"]
+    assert R.DEFAULT_BASELINES == R.COUNTED_BASELINES == ("flat_dense", "bm25", "hybrid", "fusion")
+    all_names = [s.name for s in R.parse_methods("all")]
+    assert "fusion" in all_names and "bm25_unstemmed" not in all_names
+    (f,) = R.parse_methods("fusion")
+    assert (f.name, f.build, f.kind, f.policy, f.params, f.is_memory) == (
+        "fusion",
+        "fusion",
+        "fusion",
+        None,
+        (),
+        False,
+    )
+    (g,) = R.parse_methods("fusion[hybrid_weight=0.3]")
+    assert g.name == g.build == "fusion[hybrid_weight=0.3]" and dict(g.params) == {"hybrid_weight": 0.3}
+    # the default weight written out is the same build; an integer weight is read as a float
+    assert [s.name for s in R.parse_methods("fusion[hybrid_weight=0.5],fusion,fusion[hybrid_weight=1]")] == [
+        "fusion",
+        "fusion[hybrid_weight=1.0]",
+    ]
+    for bad in ("fusion[hybrid_weight=2]", "fusion[hybrid_weight=x]", "fusion[hybrid_weight=true]"):
+        with pytest.raises(InvalidInputError):
+            R.parse_methods(bad)
+    with pytest.raises(UnknownPolicyError):
+        R.parse_methods("fusion:top_down")
+    with pytest.raises(InvalidInputError, match="bad option"):
+        R._make_build(R.parse_methods("fusion[k_rrf=3]")[0], BowEmbedder(), None)
+    obj = R._make_build(g, BowEmbedder(), None)
+    assert type(obj).__name__ == "FlatFusion" and obj.hybrid_weight == 0.3
+
+
+def test_reference_specs_and_added_methods():
+    assert R.reference_spec("dense").name == "flat_dense"
+    assert R.reference_spec("bm25").name == "bm25"
+    assert R.reference_spec("hybrid").name == "fusion"
+    assert R.reference_spec("hybrid", 0.25).name == "fusion[hybrid_weight=0.25]"
+    with pytest.raises(UnknownPolicyError):
+        R.reference_spec("sparse")
+    seg = R.parse_methods("segtree:collapsed")[0]
+    assert R.memory_facts(seg) == {"default_policy": "top_down", "relevance": "hybrid", "hybrid_weight": 0.5}
+    seg_dense = R.parse_methods("segtree[relevance=dense]:collapsed")[0]
+    assert R.memory_facts(seg_dense)["relevance"] == "dense"
+    hat = R.parse_methods("hat:greedy")[0]
+    assert R.memory_facts(hat)["default_policy"] == "greedy"
+    assert R.memory_facts(hat, memory_llm=True)["default_policy"] == "agent"
+    with pytest.raises(InvalidInputError):
+        R.memory_facts(R.parse_methods("bm25")[0])
+    # the default policy goes after the build's methods, the reference baseline at the end, once
+    specs = R.with_references(R.parse_methods("segtree:collapsed,bm25,segtree[hybrid_weight=0.3]:top_down"))
+    assert [s.name for s in specs] == [
+        "segtree:collapsed",
+        "segtree:top_down",
+        "bm25",
+        "segtree[hybrid_weight=0.3]:top_down",
+        "fusion",
+        "fusion[hybrid_weight=0.3]",
+    ]
+    assert specs[1].build == "segtree" and specs[1].policy == "top_down"
+    # other memories: whatever their configuration says (their defaults may change)
+    specs = R.parse_methods("memtree:traversal,hat:greedy,fusion")
+    expected, refs = [], []
+    for s in specs[:2]:
+        facts = R.memory_facts(s)
+        expected += [s.name] + (
+            [f"{s.build}:{facts['default_policy']}"] if facts["default_policy"] != s.policy else []
+        )
+        ref = R.reference_spec(facts["relevance"], facts["hybrid_weight"]).name
+        if ref != "fusion" and ref not in refs:
+            refs.append(ref)
+    assert [s.name for s in R.with_references(specs)] == [*expected, "fusion", *refs]
+    assert R.with_references(R.parse_methods("baselines")) == R.parse_methods("baselines")
+
+
+def _agg(values: dict[str, float], kind: str, build: str | None = None) -> dict:
+    """A per-method aggregate whose every compared metric takes the given per-dataset values."""
+    by_ds = {
+        lab: {
+            "overall": {
+                m: v + d
+                for m, d in (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
+            },
+            "by_category": {},
+            "construction": {},
+        }
+        for lab, v in values.items()
+    }
+    pooled = float(np.mean(list(values.values())))
+    overall = {
+        m: pooled + d
+        for m, d in (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
+    }
+    return {"build": build or kind, "kind": kind, "overall": overall, "by_dataset": by_ds}
+
+
+def test_compare_methods_by_hand():
+    methods = {
+        "segtree:collapsed": _agg({"d1": 0.80, "d2": 0.40}, "segtree", "segtree"),
+        "segtree:top_down": _agg({"d1": 0.70, "d2": 0.50}, "segtree", "segtree"),
+        "hat:greedy": _agg({"d1": 0.30, "d2": 0.20}, "hat", "hat"),
+        "flat_dense": _agg({"d1": 0.40, "d2": 0.30}, "flat_dense"),
+        "bm25": _agg({"d1": 0.65, "d2": 0.35}, "bm25"),
+        "bm25_unstemmed": _agg({"d1": 0.95, "d2": 0.95}, "bm25_unstemmed"),  # does not count
+        "hybrid": _agg({"d1": 0.55, "d2": 0.45}, "hybrid"),
+        "fusion": _agg({"d1": 0.60, "d2": 0.42}, "fusion"),
+    }
+    facts = {
+        "segtree": {"default_policy": "top_down", "relevance": "hybrid", "hybrid_weight": 0.5},
+        "hat": {"default_policy": "greedy", "relevance": "dense", "hybrid_weight": 0.5},
+    }
+    comp = R.compare_methods(methods, facts)
+    assert comp["flat_baselines"] == ["flat_dense", "bm25", "hybrid", "fusion"]
+    assert comp["best_flat"]["by_dataset"]["d1"]["evidence_recall"] == {"method": "bm25", "value": 0.65}
+    assert comp["best_flat"]["by_dataset"]["d2"]["evidence_recall"] == {"method": "hybrid", "value": 0.45}
+    # pooled: fusion (0.60 + 0.42) / 2 = 0.51 beats bm25 and hybrid (0.50)
+    assert comp["best_flat"]["overall"]["evidence_recall"] == {
+        "method": "fusion",
+        "value": pytest.approx(0.51),
+    }
+    seg = comp["memories"]["segtree"]
+    assert (seg["default"], seg["reference"], seg["relevance"], seg["hybrid_weight"]) == (
+        "segtree:top_down",
+        "fusion",
+        "hybrid",
+        0.5,
+    )
+    d1 = seg["by_dataset"]["d1"]["evidence_recall"]
+    assert d1["tree_share"] == pytest.approx(0.70 - 0.60)
+    assert d1["margin_over_best_flat"] == pytest.approx(0.70 - 0.65) and d1["best_flat_method"] == "bm25"
+    d2 = seg["by_dataset"]["d2"]["span_recall"]
+    assert d2["tree_share"] == pytest.approx(0.50 - 0.42)
+    assert d2["margin_over_best_flat"] == pytest.approx(0.50 - 0.45)
+    assert seg["overall"]["evidence_recall"]["tree_share"] == pytest.approx(0.60 - 0.51)
+    hat = comp["memories"]["hat"]
+    assert (hat["reference"], hat["hybrid_weight"]) == ("flat_dense", None)
+    assert hat["by_dataset"]["d1"]["answer_token_recall"]["tree_share"] == pytest.approx(0.30 - 0.40)
+    assert hat["by_dataset"]["d1"]["answer_token_recall"]["margin_over_best_flat"] == pytest.approx(
+        0.30 - 0.65
+    )
+    assert "note" not in seg and "note" not in hat
+
+    # a missing reference or default leaves the share undefined, with a note
+    del methods["fusion"]
+    facts["hat"] = {"default_policy": "collapsed", "relevance": "dense", "hybrid_weight": 0.5}
+    comp = R.compare_methods(methods, facts)
+    seg = comp["memories"]["segtree"]
+    assert (
+        seg["overall"]["evidence_recall"]["tree_share"] is None and "fusion was not evaluated" in seg["note"]
+    )
+    assert seg["overall"]["evidence_recall"]["margin_over_best_flat"] is not None
+    assert comp["memories"]["hat"]["overall"]["evidence_recall"]["default"] is None
+
+    # the Markdown marks the best flat baseline and shows margin and share for each memory default
+    doc = {
+        "config": {"k": 10},
+        "data": {
+            "d1": {"source": "jsonl", "conversations": {}},
+            "d2": {"source": "jsonl", "conversations": {}},
+        },
+        "methods": {**methods, "fusion": _agg({"d1": 0.60, "d2": 0.42}, "fusion")},
+    }
+    doc["comparison"] = R.compare_methods(doc["methods"], {"segtree": facts["segtree"]})
+    md = markdown_table(doc)
+    assert "| bm25 | **0.650** | **0.750** | **0.450** |" in md
+    assert "| bm25_unstemmed | 0.950 |" in md  # reported, never marked
+    assert (
+        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.700 | bm25 0.650 | +0.050 | "
+        "fusion 0.600 | +0.100 |" in md
+    )
+    assert (
+        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.600 | fusion 0.510 | +0.090 | "
+        "fusion 0.510 | +0.090 |" in md
+    )
 
 
 @pytest.mark.parametrize(
@@ -219,7 +394,7 @@ def test_metric_invariants_and_exact_bm25_case():
 
 def test_token_budget_is_respected_by_every_method():
     conv = tiny_conversation()
-    specs = R.parse_methods("segtree:collapsed,memtree:collapsed,hat:greedy,flat_dense,bm25,hybrid")
+    specs = R.parse_methods("segtree:collapsed,memtree:collapsed,hat:greedy,flat_dense,bm25,hybrid,fusion")
     res = R.evaluate_conversation(conv, specs, embedder=BowEmbedder(), k=10, max_tokens=12)
     for name, m in res["methods"].items():
         for r in m["queries"]:
@@ -228,14 +403,15 @@ def test_token_budget_is_respected_by_every_method():
                 assert r["n_hits"] >= 1, name  # every message here is under 12 tokens
 
 
-@pytest.mark.parametrize("kind", ["flat_dense", "bm25", "hybrid"])
+@pytest.mark.parametrize("kind", ["flat_dense", "bm25", "hybrid", "fusion"])
 def test_flat_baseline_budget_skips_what_does_not_fit(kind):
-    from shared_core.eval.baselines import FlatBM25, FlatDense, FlatHybridRRF
+    from shared_core.eval.baselines import FlatBM25, FlatDense, FlatFusion, FlatHybridRRF
 
     obj = {
         "flat_dense": lambda: FlatDense(BowEmbedder()),
         "bm25": FlatBM25,
         "hybrid": lambda: FlatHybridRRF(BowEmbedder()),
+        "fusion": lambda: FlatFusion(BowEmbedder()),
     }[kind]()
     obj.add(["apples apples and more apples from the big orchard of apples", "apples here", "pears"])
     assert [h.text for h in obj.retrieve("apples", k=2)][0].startswith("apples apples")
@@ -330,7 +506,8 @@ def test_realmem_excerpt_through_the_cli_and_resume(tmp_path, local_embedder, mo
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     doc = json.loads((out / "results.json").read_text())
-    check_doc_schema(doc, ["hat:greedy", "bm25", "flat_dense"], 1, 10)
+    with_refs = [s.name for s in R.with_references(R.parse_methods("hat:greedy,bm25,flat_dense"))]
+    check_doc_schema(doc, with_refs, 1, 10)
     conv = load_realmem_excerpt()
     facts = doc["data"]["realmem_excerpt"]["conversations"][conv.id]
     first = min(q.position for q in conv.queries)
@@ -384,6 +561,68 @@ def test_resume_recomputes_a_missing_conversation_only(tmp_path, monkeypatch):
     assert set(second["methods"]["bm25"]["by_dataset"]) == {"one", "two"}
 
 
+def test_tree_share_in_results_json_is_the_difference_of_the_two_rows(tmp_path):
+    conv = tiny_conversation()
+    f1 = write_jsonl(tmp_path / "one.jsonl", conv)
+    conv2 = tiny_conversation()
+    conv2.queries = conv2.queries[1:]
+    f2 = write_jsonl(tmp_path / "two.jsonl", conv2)
+    out = tmp_path / "o"
+    R.run_eval(
+        jsonl=[f1, f2],
+        methods="segtree[relevance=bm25]:collapsed,segtree[relevance=dense]:bottom_up,flat_dense,xmemory",
+        k=1,
+        out=out,
+        progress=False,
+        embedder=BowEmbedder(),
+    )
+    doc = json.loads((out / "results.json").read_text())
+    names = [m["name"] for m in doc["config"]["methods"]]
+    # added for the comparison: each memory's default policy and its no-structure reference
+    assert names[:5] == [
+        "segtree[relevance=bm25]:collapsed",
+        "segtree[relevance=bm25]:top_down",
+        "segtree[relevance=dense]:bottom_up",
+        "segtree[relevance=dense]:top_down",
+        "flat_dense",
+    ]
+    assert "bm25" in names[5:]
+    comp = doc["comparison"]
+    flats = [n for n in names if n in R.COUNTED_BASELINES]
+    assert comp["flat_baselines"] == flats
+    mems = comp["memories"]
+    assert list(mems) == ["segtree[relevance=bm25]", "segtree[relevance=dense]", "xmemory"]
+    assert mems["segtree[relevance=bm25]"]["reference"] == "bm25"
+    assert mems["segtree[relevance=dense]"]["reference"] == "flat_dense"
+    built = json.loads((out / "conversations" / "one__one.json").read_text())["builds"]
+    assert built["segtree[relevance=bm25]"]["memory"]["relevance"] == "bm25"
+    shares = []
+    for m in mems.values():
+        for scope, cells in [(None, m["overall"]), *m["by_dataset"].items()]:
+            for metric, c in cells.items():
+                rows = {
+                    n: (
+                        doc["methods"][n]["overall"]
+                        if scope is None
+                        else doc["methods"][n]["by_dataset"][scope]["overall"]
+                    )
+                    for n in (m["default"], m["reference"], *flats)
+                }
+                d, r = rows[m["default"]][metric], rows[m["reference"]][metric]
+                assert c["default"] == d and c["reference"] == r
+                assert c["tree_share"] == pytest.approx(d - r, abs=1e-12)
+                best = max(rows[n][metric] for n in flats)
+                assert c["best_flat"] == best
+                assert c["margin_over_best_flat"] == pytest.approx(d - best, abs=1e-12)
+                shares.append(c["tree_share"])
+    assert len(shares) == 3 * 3 * 3  # three memories, overall + two datasets, three metrics
+    assert any(abs(x) > 0.1 for x in shares)  # the check is not vacuous
+    assert set(mems["segtree[relevance=dense]"]["by_dataset"]) == {"one", "two"}
+    md = (out / "results.md").read_text()
+    assert "Memories against the flat baselines (one)" in md and "(all queries pooled)" in md
+    assert "| segtree[relevance=dense]:top_down | dense | evidence recall@1 |" in md
+
+
 def test_run_eval_input_errors(tmp_path):
     with pytest.raises(InvalidInputError, match="No data"):
         R.run_eval(methods="bm25")
@@ -415,7 +654,7 @@ def test_locomo_dev_small_evaluation_schema(tmp_path, local_embedder):
         embedder=local_embedder,
         progress=False,
     )
-    check_doc_schema(doc, methods, 12, 10)
+    check_doc_schema(doc, [s.name for s in R.with_references(R.parse_methods(methods))], 12, 10)
     data = doc["data"]["locomo_dev"]
     assert list(data["conversations"]) == ["conv-30"]
     facts = data["conversations"]["conv-30"]

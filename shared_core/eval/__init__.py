@@ -1,6 +1,6 @@
 """Evaluation: data loaders, metrics, flat baselines and the online evaluation loop."""
 
-from .baselines import FlatBM25, FlatDense, FlatHybridRRF
+from .baselines import FlatBM25, FlatDense, FlatFusion, FlatHybridRRF
 from .data import (
     Conversation,
     Query,
@@ -20,6 +20,7 @@ __all__ = [
     "EvalResult",
     "FlatBM25",
     "FlatDense",
+    "FlatFusion",
     "FlatHybridRRF",
     "MethodResult",
     "Query",

@@ -1,7 +1,9 @@
 """Flat retrieval baselines over single messages, with the memories' ``add`` / ``retrieve`` surface.
 
 Every baseline indexes each message under :func:`~shared_core.eval.data.render_message`
-(``"<speaker>: <text>"``) and returns leaf hits (``depth=1``, ``span=(i, i)``).
+(``"<speaker>: <text>"``) and returns leaf hits (``depth=1``, ``span=(i, i)``) with distinct texts, as the
+memories' ``retrieve`` does: a message whose text repeats a better-ranked hit's is skipped and the next
+one is taken, so ``k`` hits are returned whenever ``k`` distinct texts are stored.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..lexical import LexicalIndex
 from ..models.base import Embedder, validate_embeddings
+from ..relevance import DEFAULT_HYBRID_WEIGHT, check_weight, fuse
 from ..types import (
     AddReport,
     EmbeddingError,
@@ -28,7 +31,7 @@ from ..types import (
 )
 from .data import render_message
 
-__all__ = ["FlatBM25", "FlatDense", "FlatHybridRRF"]
+__all__ = ["FlatBM25", "FlatDense", "FlatFusion", "FlatHybridRRF"]
 
 
 def _check_query(query: Any, k: Any) -> int:
@@ -66,11 +69,23 @@ class _Flat:
     def __init__(self) -> None:
         self._messages: list[Message] = []
         self._texts: list[str] = []
+        self._text_set: set[str] = set()
+        self._n_repeats = 0  # stored texts equal to an earlier one
         self._lock = threading.RLock()
         self.usage = Usage()
 
     def __len__(self) -> int:
         return len(self._messages)
+
+    def _keep(self, msgs: list[Message], texts: list[str]) -> None:
+        """Append messages and their rendered texts (under the lock)."""
+        for t in texts:
+            if t in self._text_set:
+                self._n_repeats += 1
+            else:
+                self._text_set.add(t)
+        self._messages.extend(msgs)
+        self._texts.extend(texts)
 
     def _hit(self, i: int, score: float) -> Hit:
         m = self._messages[i]
@@ -91,23 +106,40 @@ class _Flat:
             metadata=meta,
         )
 
-    def _budgeted(self, order: Iterable[int], scores: Any, k: int, max_tokens: int) -> list[Hit]:
-        """The first ``k`` messages of ``order`` whose texts fit in ``max_tokens`` tokens together.
+    def _select(
+        self, order: Iterable[int], scores: Iterable[Any], k: int, max_tokens: int | None
+    ) -> list[Hit]:
+        """The first ``k`` messages of ``order`` with distinct texts that fit in ``max_tokens`` together.
 
-        A message that would exceed the budget is skipped and the walk goes on, as the memories'
-        ``retrieve(max_tokens=...)`` does; tokens are counted by
-        :func:`~shared_core.eval.metrics.count_tokens`.
+        A message whose text equals a hit's already taken is skipped; so is one that would exceed the
+        budget, and the walk goes on, as the memories' ``retrieve(max_tokens=...)`` does. Tokens are
+        counted by :func:`~shared_core.eval.metrics.count_tokens`.
+
+        Args:
+            order: insertion indices, best first.
+            scores: their scores, aligned with ``order``.
+            k: at most this many hits.
+            max_tokens: the budget, or ``None`` for none.
+
+        Returns:
+            The hits, in the order of ``order``.
         """
         from .metrics import count_tokens
 
         hits: list[Hit] = []
+        seen: set[str] = set()
         used = 0
         for i, s in zip(order, scores):
             i = int(i)
-            t = count_tokens(self._texts[i])
-            if used + t > max_tokens:
+            text = self._texts[i]
+            if text in seen:
                 continue
-            used += t
+            if max_tokens is not None:
+                t = count_tokens(text)
+                if used + t > max_tokens:
+                    continue
+                used += t
+            seen.add(text)
             hits.append(self._hit(i, float(s)))
             if len(hits) >= k:
                 break
@@ -170,8 +202,7 @@ class FlatDense(_Flat):
                 )
             start = len(self._messages)
             self._index.add(vecs)
-            self._messages.extend(msgs)
-            self._texts.extend(texts)
+            self._keep(msgs, texts)
             self.usage += usage
         return AddReport(leaf_ids=list(range(start, start + len(msgs))), usage=usage)
 
@@ -209,17 +240,18 @@ class FlatDense(_Flat):
         """
         k = _check_query(query, k)
         budget = _check_budget(max_tokens)
-        if budget is not None:
-            idx, sc = self.ranking(query)
-            with self._lock:
-                return self._budgeted(idx, sc, k, budget)
         with self._lock:
             n = len(self._messages)
             if n == 0 or self._index is None:
                 return []
+            if budget is not None:
+                idx, sc = self.ranking(query)
+                return self._select(idx, sc, k, budget)
             q = self._embed_query(query)
-            scores, idx = self._index.search(q, min(k, n))
-            return [self._hit(int(i), float(s)) for i, s in zip(idx[0], scores[0]) if i >= 0]
+            # the best k + (repeated texts) messages hold k distinct texts whenever k exist
+            scores, idx = self._index.search(q, min(k + self._n_repeats, n))
+            keep = idx[0] >= 0
+            return self._select(idx[0][keep], scores[0][keep], k, None)
 
 
 class FlatBM25(_Flat):
@@ -251,8 +283,7 @@ class FlatBM25(_Flat):
             start = len(self._messages)
             ids = list(range(start, start + len(msgs)))
             self.index.upsert(ids, texts)
-            self._messages.extend(msgs)
-            self._texts.extend(texts)
+            self._keep(msgs, texts)
         return AddReport(leaf_ids=ids, usage=Usage())
 
     def ranking(self, query: str) -> tuple[np.ndarray, np.ndarray]:
@@ -275,15 +306,14 @@ class FlatBM25(_Flat):
         """
         k = _check_query(query, k)
         budget = _check_budget(max_tokens)
-        if budget is not None:
-            idx, sc = self.ranking(query)
-            with self._lock:
-                return self._budgeted(idx, sc, k, budget)
         with self._lock:
             if not self._messages:
                 return []
-            ids, sc = self.index.top_k(query, k)
-            return [self._hit(int(i), float(s)) for i, s in zip(ids, sc)]
+            if budget is not None:
+                idx, sc = self.ranking(query)
+                return self._select(idx, sc, k, budget)
+            ids, sc = self.index.top_k(query, k + self._n_repeats)
+            return self._select(ids, sc, k, None)
 
 
 class FlatHybridRRF(_Flat):
@@ -326,8 +356,7 @@ class FlatHybridRRF(_Flat):
         with self._lock:
             rep = self.dense.add(msgs)
             self.bm25.add(msgs)
-            self._messages.extend(msgs)
-            self._texts.extend(render_message(m) for m in msgs)
+            self._keep(msgs, [render_message(m) for m in msgs])
             self.usage += rep.usage
         return rep
 
@@ -352,6 +381,108 @@ class FlatHybridRRF(_Flat):
             for idx, _ in (self.dense.ranking(query), self.bm25.ranking(query)):
                 fused[idx] += 1.0 / (self.k_rrf + np.arange(1, idx.size + 1))
             order = np.argsort(-fused, kind="stable")
-            if budget is not None:
-                return self._budgeted(order, fused[order], k, budget)
-            return [self._hit(int(i), float(fused[i])) for i in order[:k]]
+            return self._select(order, fused[order], k, budget)
+
+
+class FlatFusion(_Flat):
+    """Max-normalised convex fusion of dense cosine and stemmed BM25 over all messages.
+
+    What a memory's ``hybrid`` relevance amounts to over message leaves with no structure. Per query,
+    over every stored message: ``dense = max(cos, 0)``, ``bm25`` = BM25 score (English stop words and
+    Snowball stemming by default, as :class:`FlatBM25`); each is divided by its maximum over the
+    messages (a zero maximum leaves it zero) and the score is ``w * dense + (1 - w) * bm25``
+    (:func:`shared_core.relevance.fuse`, the formula of the memories' ``hybrid`` relevance). Hits are
+    the best scores first, ties by insertion order.
+
+    Args:
+        embedder: the dense embedder, default :class:`~shared_core.models.local.LocalEmbedder`.
+        hybrid_weight: ``w``, the weight of the dense part, in ``[0, 1]``; default 0.5 (the memories'
+            default ``hybrid_weight``). ``1.0`` ranks by ``max(cos, 0)`` alone, ``0.0`` by BM25 alone.
+        stem: stem in BM25, default ``True``.
+        stopwords: BM25 stop-word list, default ``"en"``.
+
+    Raises:
+        InvalidInputError: ``hybrid_weight`` is not a number in ``[0, 1]``, or an unknown stop-word
+            list.
+
+    References:
+        Bruch, Gai & Ingber (2023), "An Analysis of Fusion Functions for Hybrid Retrieval" (convex
+        combination of normalised scores); SegTreeMem paper, RQ4 flat retrieval baselines.
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
+        stem: bool = True,
+        stopwords: str | None = "en",
+    ) -> None:
+        super().__init__()
+        self.hybrid_weight = check_weight(hybrid_weight)
+        self.dense = FlatDense(embedder)
+        self.bm25 = FlatBM25(stem=stem, stopwords=stopwords)
+
+    def add(self, messages: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Add messages to both scorers (dense first: if embedding fails, nothing changes).
+
+        Args:
+            messages: a string, a :class:`Message`, or an iterable of them.
+
+        Returns:
+            The dense part's :class:`AddReport` (leaf ids = insertion indices; one embedding call).
+
+        Raises:
+            InvalidInputError: invalid messages. EmbeddingError: bad vectors. The store is unchanged then.
+        """
+        msgs = as_messages(messages)
+        with self._lock:
+            rep = self.dense.add(msgs)
+            self.bm25.add(msgs)
+            self._keep(msgs, [render_message(m) for m in msgs])
+            self.usage += rep.usage
+        return rep
+
+    def scores(self, query: str) -> np.ndarray:
+        """The fused score of every stored message.
+
+        Args:
+            query: the query text.
+
+        Returns:
+            ``float32`` array ``(len(self),)`` in insertion order, values in ``[0, 1]``.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        with self._lock:
+            n = len(self._messages)
+            if n == 0:
+                return np.zeros(0, dtype=np.float32)
+            dense = np.zeros(n, dtype=np.float32)
+            idx, cos = self.dense.ranking(query)
+            dense[idx] = np.maximum(cos, 0.0)
+            lex = np.zeros(n, dtype=np.float32)
+            ids, bm = self.bm25.index.scores(query)
+            lex[ids] = bm
+            return fuse(dense, lex, self.hybrid_weight)
+
+    def retrieve(self, query: str, k: int = 10, *, max_tokens: int | None = None) -> list[Hit]:
+        """The ``k`` messages with the highest fused score, best first (ties by insertion order).
+
+        Args:
+            query: the query text.
+            k: at most this many hits, default 10.
+            max_tokens: optional budget of returned text in tokens, as in :meth:`FlatDense.retrieve`.
+
+        Returns:
+            Leaf hits with distinct texts; ``Hit.score`` is the fused score.
+
+        Raises:
+            InvalidInputError: empty query, ``k`` < 1 or ``max_tokens`` < 1.
+        """
+        k = _check_query(query, k)
+        budget = _check_budget(max_tokens)
+        with self._lock:
+            fused = self.scores(query)
+            order = np.argsort(-fused, kind="stable")
+            return self._select(order, fused[order], k, budget)

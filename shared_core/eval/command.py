@@ -37,6 +37,10 @@ def _ints(text: str | None, what: str) -> list[int] | None:
         raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}.") from None
 
 
+def _num(v: Any, signed: bool = False) -> str:
+    return "—" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
+
+
 def _make_llm(spec: str | None, base_url: str | None) -> Any:
     if spec is None:
         return None
@@ -76,7 +80,9 @@ def eval_command(
         "--methods",
         help="Comma-separated: segtree, memtree, hat, xmemory (every policy), kind:policy "
         "(e.g. segtree:top_down), kind[option=value]:policy, flat_dense, bm25 (stemmed), "
-        "bm25_unstemmed, hybrid (RRF); or all / memories / baselines.",
+        "bm25_unstemmed, hybrid (RRF), fusion (max-normalised dense + stemmed BM25, "
+        "fusion[hybrid_weight=W]); or all / memories / baselines. Each memory also gets its default "
+        "policy and its no-structure reference baseline (for the tree share).",
     ),
     k: int = typer.Option(10, "--k", min=1, help="Hits retrieved per query (recall@k)."),
     max_tokens: int | None = typer.Option(
@@ -181,6 +187,36 @@ def eval_command(
             cells.append("—" if o.get("llm_accuracy") is None else f"{o['llm_accuracy']:.3f}")
         table.add_row(*cells)
     _console.print(table)
+    mems = doc.get("comparison", {}).get("memories", {})
+    if mems:
+        share = Table(title=f"memory defaults against the flat baselines: evidence R@{k} (pooled)")
+        for col in (
+            "memory default",
+            "relevance",
+            "evidence R",
+            "best flat",
+            "margin",
+            "reference",
+            "tree share",
+        ):
+            share.add_column(
+                col,
+                justify="left"
+                if col in ("memory default", "relevance", "best flat", "reference")
+                else "right",
+            )
+        for m in mems.values():
+            c = m["overall"].get("evidence_recall") or {}
+            share.add_row(
+                m["default"],
+                m["relevance"],
+                _num(c.get("default")),
+                f"{c.get('best_flat_method') or '—'} {_num(c.get('best_flat'))}",
+                _num(c.get("margin_over_best_flat"), True),
+                f"{m['reference']} {_num(c.get('reference'))}",
+                _num(c.get("tree_share"), True),
+            )
+        _console.print(share)
     if doc.get("resumed_conversations"):
         _console.print(f"resumed: {', '.join(doc['resumed_conversations'])}")
     _console.print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / RESULTS_PNG}")

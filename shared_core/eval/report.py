@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown_table", "plot_results", "write_report"]
+__all__ = ["comparison_of", "markdown_table", "plot_results", "write_report"]
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -22,6 +22,92 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _signed(v: Any) -> str:
+    return "—" if v is None else f"{float(v):+.3f}"
+
+
+_LABELS = {
+    "evidence_recall": "evidence recall@{k}",
+    "span_recall": "span recall@{k}",
+    "answer_token_recall": "answer-token recall",
+    "llm_accuracy": "LLM-judge accuracy",
+    "rouge_l_recall": "ROUGE-L recall",
+}
+
+
+def _label(metric: str, k: Any) -> str:
+    return _LABELS.get(metric, metric).format(k=k)
+
+
+def comparison_of(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The document's ``comparison`` section, or one computed from its method aggregates.
+
+    A document without the section (written before it existed) gets the best flat baselines only: the
+    memories' relevance is not recorded there.
+
+    Args:
+        doc: a results document.
+
+    Returns:
+        The comparison (see :func:`~shared_core.eval.runner.compare_methods`).
+    """
+    comp = doc.get("comparison")
+    if comp:
+        return dict(comp)
+    from .runner import COMPARED_METRICS, LLM_METRICS, compare_methods
+
+    llm = doc.get("config", {}).get("llm")
+    return compare_methods(doc.get("methods", {}), {}, [*COMPARED_METRICS, *(LLM_METRICS if llm else ())])
+
+
+def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title: str) -> list[str]:
+    """The "against the flat baselines" table of one scope (``None`` = overall)."""
+    mems = comp.get("memories", {})
+    if not mems:
+        return []
+    lines = [
+        f"### {title}",
+        "",
+        "| memory default | relevance | metric | default | best flat baseline | margin | "
+        "no-structure reference | tree share |",
+        "|---|---|---|---:|---|---:|---|---:|",
+    ]
+    for build, m in mems.items():
+        cells = m.get("overall", {}) if scope is None else m.get("by_dataset", {}).get(scope, {})
+        rel = m.get("relevance", "?")
+        if m.get("hybrid_weight") is not None:
+            rel += f", w = {m['hybrid_weight']:g}"
+        first = True
+        for metric in comp.get("metrics", []):
+            c = cells.get(metric) or {}
+            best = "—"
+            if c.get("best_flat") is not None:
+                best = f"{c.get('best_flat_method')} {_fmt(c['best_flat'])}"
+            ref = f"{m.get('reference')} {_fmt(c.get('reference'))}"
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        m.get("default", build) if first else "",
+                        rel if first else "",
+                        _label(metric, k),
+                        _fmt(c.get("default")),
+                        best,
+                        _signed(c.get("margin_over_best_flat")),
+                        ref,
+                        _signed(c.get("tree_share")),
+                    ]
+                )
+                + " |"
+            )
+            first = False
+    notes = [f"{m.get('default', b)}: {m['note']}" for b, m in mems.items() if m.get("note")]
+    lines.append("")
+    if notes:
+        lines += ["Not computable: " + "; ".join(notes) + ".", ""]
+    return lines
+
+
 def _datasets(doc: Mapping[str, Any]) -> list[str]:
     labels = list(doc.get("data", {}))
     seen = {lab for m in doc.get("methods", {}).values() for lab in m.get("by_dataset", {})}
@@ -33,7 +119,9 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
 
     Headline columns: evidence recall@k (leaf level), span recall@k, answer-token recall, mean returned
     tokens, median retrieval latency (ms), construction CPU ms and embedding / LLM calls per message,
-    plus LLM-judge accuracy and ROUGE-L recall when an LLM was configured.
+    plus LLM-judge accuracy and ROUGE-L recall when an LLM was configured; the best flat baseline of
+    each quality column is in bold. Per dataset (and pooled, with several datasets) a table of every
+    memory's default policy against the flat baselines: margin over the best one and tree share.
 
     Args:
         doc: the document returned by :func:`~shared_core.eval.runner.run_eval`.
@@ -45,6 +133,8 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     k = cfg.get("k", "k")
     llm = cfg.get("llm")
     methods: Mapping[str, Any] = doc.get("methods", {})
+    comp = comparison_of(doc)
+    flats = comp.get("flat_baselines", [])
     lines = ["# hiermem eval", ""]
     facts = [f"k = {k} hits per query"]
     if cfg.get("max_tokens"):
@@ -87,11 +177,19 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
             if not ds:
                 continue
             o, c = ds["overall"], ds["construction"]
+            best = comp.get("best_flat", {}).get("by_dataset", {}).get(label, {})
+
+            def cell(metric: str, o: Mapping[str, Any] = o, name: str = name, best: Any = best) -> str:
+                text = _fmt(o.get(metric))
+                b = best.get(metric) or {}
+                tied = name in flats and o.get(metric) is not None and o.get(metric) == b.get("value")
+                return f"**{text}**" if tied else text
+
             row = [
                 name,
-                _fmt(o.get("evidence_recall")),
-                _fmt(o.get("span_recall")),
-                _fmt(o.get("answer_token_recall")),
+                cell("evidence_recall"),
+                cell("span_recall"),
+                cell("answer_token_recall"),
                 _fmt(o.get("returned_tokens"), 0),
                 _fmt(o.get("latency_ms_median"), 2),
                 _fmt(c.get("cpu_ms_per_message"), 1),
@@ -99,10 +197,17 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
                 _fmt(c.get("llm_calls_per_message"), 2),
             ]
             if llm:
-                row += [_fmt(o.get("llm_accuracy")), _fmt(o.get("rouge_l_recall"))]
+                row += [cell("llm_accuracy"), cell("rouge_l_recall")]
             lines.append("| " + " | ".join(row) + " |")
             cats += [cat for cat in ds.get("by_category", {}) if cat not in cats]
         lines.append("")
+        if flats:
+            lines += [
+                "Bold: the best flat baseline(s) of the column (of "
+                + ", ".join(flats)
+                + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion).",
+                "",
+            ]
         if all(c.lstrip("-").isdigit() for c in cats):
             cats.sort(key=int)
         if len(cats) > 1:
@@ -123,6 +228,17 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
                     + " |"
                 )
             lines.append("")
+        lines += _comparison_lines(comp, label, k, f"Memories against the flat baselines ({label})")
+    if len(_datasets(doc)) > 1:
+        lines += _comparison_lines(comp, None, k, "Memories against the flat baselines (all queries pooled)")
+    if comp.get("memories"):
+        lines.append(
+            "Margin: a memory's default policy minus the best flat baseline of the metric. Tree share: the "
+            "default minus its no-structure reference, the flat baseline with the memory's own relevance "
+            "(dense: flat_dense, bm25: bm25, hybrid: fusion with the same weight) over the same messages; "
+            "it is what the tree adds to that relevance."
+        )
+        lines.append("")
     lines.append(
         "Evidence recall counts leaf hits only; span recall counts every leaf under any hit. Latency "
         "excludes the query embedding when the embedding cache is on (shared by every method)."
@@ -131,12 +247,16 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
 
 
 def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str] | None = None) -> Path:
-    """Horizontal grouped bar chart: one panel per dataset, one group of bars per method.
+    """Horizontal grouped bar charts, one column of panels per dataset.
+
+    Top row: one group of bars per method, with a dashed line at the best flat baseline's evidence
+    recall. Bottom row (when the run has memories): per memory default policy, its evidence-recall margin
+    over the best flat baseline and its tree share (default minus its no-structure reference).
 
     Args:
         doc: the results document.
         path: the PNG file to write (parent directories are created).
-        metrics: metrics to draw, default evidence recall, span recall, answer-token recall (and
+        metrics: metrics of the top row, default evidence recall, span recall, answer-token recall (and
             LLM-judge accuracy when present).
 
     Returns:
@@ -152,17 +272,24 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
         metrics = ["evidence_recall", "span_recall", "answer_token_recall"]
         if doc.get("config", {}).get("llm"):
             metrics.append("llm_accuracy")
-    labels = {
-        "evidence_recall": f"evidence recall@{k}",
-        "span_recall": f"span recall@{k}",
-        "answer_token_recall": "answer-token recall",
-        "llm_accuracy": "LLM-judge accuracy",
-        "rouge_l_recall": "ROUGE-L recall",
-    }
     datasets = _datasets(doc) or ["(no data)"]
     names = list(doc.get("methods", {}))
-    height = max(3.0, 0.3 * len(names) * max(1, len(metrics)) / 2 + 2.0)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), height), squeeze=False)
+    comp = comparison_of(doc)
+    mems = comp.get("memories", {})
+    top_h = max(3.0, 0.3 * len(names) * max(1, len(metrics)) / 2 + 1.5)
+    bottom_h = max(1.8, 0.45 * len(mems) + 1.0) if mems else 0.0
+    rows = 2 if mems else 1
+    n_legend = len(metrics) + 1 + (2 if mems else 0)
+    ncol = max(1, min(n_legend, 2 * len(datasets)))
+    legend_h = 0.25 * -(-n_legend // ncol) + 0.2  # inches below the panels
+    fig_h = top_h + bottom_h + legend_h + 0.4
+    fig, axes = plt.subplots(
+        rows,
+        len(datasets),
+        figsize=(6.5 * len(datasets), fig_h),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [top_h, bottom_h] if mems else [top_h]},
+    )
     bar_h = 0.8 / max(1, len(metrics))
     for ax, label in zip(axes[0], datasets):
         for j, m in enumerate(metrics):
@@ -172,7 +299,16 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
                 v = (ds.get("overall") or {}).get(m)
                 vals.append(0.0 if v is None else float(v))
             ys = [i + (j - (len(metrics) - 1) / 2) * bar_h for i in range(len(names))]
-            ax.barh(ys, vals, height=bar_h, label=labels.get(m, m))
+            ax.barh(ys, vals, height=bar_h, label=_label(m, k))
+        best = (comp.get("best_flat", {}).get("by_dataset", {}).get(label) or {}).get("evidence_recall")
+        if best:
+            ax.axvline(
+                best["value"],
+                color="0.25",
+                linestyle="--",
+                linewidth=0.9,
+                label="best flat evidence recall",
+            )
         ax.set_yticks(range(len(names)))
         ax.set_yticklabels(names, fontsize=8)
         ax.invert_yaxis()
@@ -180,8 +316,40 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
         ax.set_title(label, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     handles, names_ = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names_, loc="lower center", ncol=len(metrics), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    if mems:
+        builds = list(mems)
+        ylabels = [mems[b].get("default", b) for b in builds]
+        span = 0.05
+        for label in datasets:
+            for b in builds:
+                c = ((mems[b].get("by_dataset", {}).get(label) or {}).get("evidence_recall")) or {}
+                for key in ("margin_over_best_flat", "tree_share"):
+                    if c.get(key) is not None:
+                        span = max(span, abs(float(c[key])))
+        for ax, label in zip(axes[1], datasets):
+            series = (
+                ("margin over best flat", "margin_over_best_flat", "#8172b3"),
+                ("tree share (vs no-structure reference)", "tree_share", "#937860"),
+            )
+            for j, (text, key, color) in enumerate(series):
+                vals = []
+                for b in builds:
+                    c = ((mems[b].get("by_dataset", {}).get(label) or {}).get("evidence_recall")) or {}
+                    v = c.get(key)
+                    vals.append(0.0 if v is None else float(v))
+                ys = [i + (j - 0.5) * 0.4 for i in range(len(builds))]
+                ax.barh(ys, vals, height=0.4, color=color, label=text)
+            ax.axvline(0.0, color="0.2", linewidth=0.8)
+            ax.set_yticks(range(len(builds)))
+            ax.set_yticklabels(ylabels, fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xlim(-1.15 * span, 1.15 * span)
+            ax.set_title(f"{label}: evidence recall@{k}, memory default minus flat", fontsize=9)
+            ax.grid(axis="x", alpha=0.3)
+        h2, n2 = axes[1][0].get_legend_handles_labels()
+        handles, names_ = handles + h2, names_ + n2
+    fig.legend(handles, names_, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend_h / fig_h, 1, 1))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
