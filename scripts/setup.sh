@@ -16,6 +16,14 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && ! command -v chro
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
     || echo "could not install chromium; the browser test will be skipped"
 fi
+# Debian's PostgreSQL server binaries for the tests of the PostgreSQL store (each test run starts a
+# private cluster in a temporary directory; skipped when no binaries can be had).
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+  && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  echo "installing postgresql-15 (Debian package) for the PostgreSQL store tests"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null) \
+    || echo "could not install postgresql-15; the PostgreSQL tests will be skipped"
+fi
 stamp="$VENV/.hiermem-install-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

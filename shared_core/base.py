@@ -23,6 +23,10 @@ import numpy as np
 
 from .index import NodeIndex, normalize_rows
 from .models.base import LLM, Embedder, Summarizer, validate_embeddings
+from .persist import load_memory, save_memory
+from .relevance import check_weight, fuse
+from .stores import Store, attach_store, connect, open_memory
+from .stores.encoding import MEMORY_FORMAT
 from .tree import NodeStore
 from .types import (
     AddReport,
@@ -35,7 +39,6 @@ from .types import (
     UnknownPolicyError,
     Usage,
     as_messages,
-    check_finite,
 )
 
 __all__ = [
@@ -64,18 +67,6 @@ def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
     return value
 
 
-def check_weight(value: Any, name: str = "hybrid_weight") -> float:
-    """A convex weight in ``[0, 1]``.
-
-    Raises:
-        InvalidInputError: not a finite number in ``[0, 1]``.
-    """
-    w = check_finite(value, name)
-    if not 0.0 <= w <= 1.0:
-        raise InvalidInputError(f"{name} must be in [0, 1], got {value!r}.")
-    return w
-
-
 M = TypeVar("M", bound="HierarchicalMemory")
 
 
@@ -96,8 +87,9 @@ class HierarchicalMemory(abc.ABC):
         summarizer: the aggregate function for internal nodes; default an LLM summariser with the
             algorithm's prompt when ``llm`` is given, else :class:`ExtractiveSummarizer`.
         summary_chars: length budget of extractive summaries in characters, default 600.
-        store: path of a durable SQLite store (see :mod:`shared_core.durable`) for subclasses that forward
-            it; every memory also has :meth:`open` and :meth:`attach_store`. Default ``None`` (in memory).
+        store: a durable store for subclasses that forward it: the path of an SQLite file or a
+            ``postgresql://`` URL (namespace ``("default",)``; see :mod:`shared_core.stores`); every memory
+            also has :meth:`open` and :meth:`attach_store`. Default ``None`` (in memory).
         relevance: the local relevance ``R(q, text(v))`` the memory ranks nodes with (see
             :meth:`relevance`): ``"dense"``, ``"bm25"`` or ``"hybrid"``; default ``None`` = the class's
             :attr:`default_relevance`.
@@ -121,7 +113,7 @@ class HierarchicalMemory(abc.ABC):
     policies: ClassVar[tuple[str, ...]] = ("collapsed",)
     default_policy: ClassVar[str] = "collapsed"
     llm_policies: ClassVar[frozenset[str]] = frozenset()
-    FORMAT_VERSION: ClassVar[int] = 1
+    FORMAT_VERSION: ClassVar[int] = MEMORY_FORMAT
     #: the leaves under any node are exactly those whose insertion index lies in its span
     contiguous_spans: ClassVar[bool] = False
     #: the insertion rule embeds ``Message.render()`` of each message: a multi-message add embeds them
@@ -182,7 +174,7 @@ class HierarchicalMemory(abc.ABC):
         self._index_created = False  # the open transaction created the index
         self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
         self._version = 0  # bumped on every commit; caches key on it
-        self._durable: Any = None  # shared_core.durable.DurableStore when a store is attached
+        self._durable: Any = None  # a shared_core.stores.Store when a store is attached
         if store is not None:
             self.attach_store(store)
 
@@ -307,6 +299,7 @@ class HierarchicalMemory(abc.ABC):
         with self._lock:
             if isinstance(key, bool):
                 raise InvalidInputError("delete takes a node id (int) or a source id (str).")
+            self._sync_store()
             if isinstance(key, (int, np.integer)) and int(key) in self._store:
                 leaves = self._store.leaves_under(int(key))
             elif isinstance(key, str) and key in self._store.by_source:
@@ -393,6 +386,8 @@ class HierarchicalMemory(abc.ABC):
     # undoes the store, the state and the index. If the durable COMMIT landed and the exception came
     # after it, the change is kept in memory too (memory and disk agree) and the exception propagates.
     def _begin(self, usage: Usage) -> None:
+        if self._durable is not None:  # a shared store takes its writer lock and catches up first
+            self._durable.begin(self)
         self._store.begin()
         self._tx_usage = usage
         self._pending = {}
@@ -441,6 +436,8 @@ class HierarchicalMemory(abc.ABC):
 
     def _rollback(self) -> None:
         """Undo the open transaction (no-op once it is committed)."""
+        if self._durable is not None:
+            self._durable.abort()
         if self._index is not None:
             self._index.rollback()
         if self._index_created:
@@ -643,9 +640,7 @@ class HierarchicalMemory(abc.ABC):
         if kind == "bm25":
             return ids, bm
         assert dense is not None
-        d = dense / dense.max() if dense.max() > 0 else dense
-        b = bm / bm.max() if bm.max() > 0 else bm
-        return ids, (hybrid_weight * d + (1.0 - hybrid_weight) * b).astype(np.float32)
+        return ids, fuse(dense, bm, hybrid_weight)
 
     def _propagated_scores(
         self,
@@ -802,6 +797,7 @@ class HierarchicalMemory(abc.ABC):
                 f"use k=... for the number of hits; other parameters: {names}."
             )
         with self._lock:
+            self._sync_store()
             if self._store.root is None:
                 return []
             cands = self._retrieve(query, policy, int(k), **params)
@@ -922,8 +918,6 @@ class HierarchicalMemory(abc.ABC):
         Raises:
             PersistenceError: the path is a file or a non-empty directory that is not a hiermem save.
         """
-        from .persist import save_memory
-
         with self._lock:
             return save_memory(self, Path(path))
 
@@ -940,9 +934,9 @@ class HierarchicalMemory(abc.ABC):
             PersistenceError: not a saved memory, or corrupt.
             VersionMismatchError: saved by an incompatible format version or as another memory kind.
         """
-        from .persist import load_memory
+        from . import memory_classes
 
-        return load_memory(cls, Path(path), embedder=embedder, llm=llm)
+        return load_memory(cls, Path(path), embedder=embedder, llm=llm, classes=memory_classes)
 
     # ------------------------------------------------------------------ durable store
     @classmethod
@@ -953,21 +947,28 @@ class HierarchicalMemory(abc.ABC):
         llm: LLM | None = None,
         *,
         synchronous: str = "FULL",
+        namespace: str | Sequence[str] | None = None,
         **kwargs: Any,
     ) -> M:
-        """Open the memory in the durable SQLite store at ``path``, creating it when new.
+        """Open the memory in a durable store, creating it when new: an SQLite file, or one namespace of
+        a PostgreSQL database shared by any number of processes.
 
         A new store is created with ``cls(embedder, llm, **kwargs)``. An existing store is reopened with
         its stored kind and configuration (``HierarchicalMemory.open`` dispatches on the kind); its node
         store and FAISS index are rebuilt from the database. From then on every acknowledged ``add`` /
-        ``delete`` / ``clear`` is committed to the store before it returns.
+        ``delete`` / ``clear`` is committed to the store before it returns. With PostgreSQL, every
+        ``add``, ``delete`` and ``retrieve`` first applies what other processes committed (see
+        :mod:`shared_core.stores.postgres`).
 
         Args:
-            path: the database file, e.g. ``"memory.sqlite"``.
+            path: the SQLite file, e.g. ``"memory.sqlite"``, or a libpq URL
+                ``"postgresql://user:password@host:port/dbname"``.
             embedder: the embedder (must give the stored dimension); default the local model.
             llm: the LLM, or ``None``.
-            synchronous: ``"FULL"`` (default: survives power loss), ``"EXTRA"`` or ``"NORMAL"`` (survives
-                a process crash).
+            synchronous: SQLite only: ``"FULL"`` (default: survives power loss), ``"EXTRA"`` or
+                ``"NORMAL"`` (survives a process crash).
+            namespace: PostgreSQL only: the memory's namespace, a string or a tuple of strings, default
+                ``("default",)``.
             **kwargs: constructor arguments for a new store; for an existing one, arguments outside the
                 stored configuration (e.g. ``summarizer``); stored values must not be contradicted.
 
@@ -975,36 +976,44 @@ class HierarchicalMemory(abc.ABC):
             The memory, bound to the store (close it with :meth:`close_store`).
 
         Raises:
-            InvalidInputError: a new store opened through ``HierarchicalMemory`` itself, or an argument
-                that contradicts the stored configuration.
-            PersistenceError: not a hiermem store, corrupt, in use by another process, or another kind.
+            InvalidInputError: a new store opened through ``HierarchicalMemory`` itself, an argument
+                that contradicts the stored configuration, a malformed URL or namespace, or an option
+                of the other backend.
+            PersistenceError: not a hiermem store, corrupt, in use by another process (SQLite), another
+                kind, or the server cannot be reached (PostgreSQL).
             VersionMismatchError: written by another format version.
 
         References:
-            SQLite "Write-Ahead Logging"; see :mod:`shared_core.durable`.
+            SQLite "Write-Ahead Logging"; PostgreSQL "Advisory Locks"; see :mod:`shared_core.stores`.
         """
-        from .durable import open_memory
+        from . import memory_classes
 
-        return open_memory(cls, path, embedder=embedder, llm=llm, synchronous=synchronous, **kwargs)
+        store = connect(path, synchronous=synchronous, namespace=namespace)
+        return open_memory(cls, store, memory_classes, embedder=embedder, llm=llm, **kwargs)
 
-    def attach_store(self, path: str | Path, *, synchronous: str = "FULL") -> None:
-        """Make this memory durable in the SQLite store at ``path``.
+    def attach_store(
+        self,
+        path: str | Path | Store,
+        *,
+        synchronous: str = "FULL",
+        namespace: str | Sequence[str] | None = None,
+    ) -> None:
+        """Make this memory durable in a store: an SQLite file, a ``postgresql://`` URL (with
+        ``namespace``, default ``("default",)``) or an open :class:`~shared_core.stores.Store`.
 
         A new (or empty) store receives the whole memory in one transaction; a store that already holds a
         memory of the same kind and configuration is loaded into this memory, which must be empty.
 
         Raises:
-            InvalidInputError: a store is already attached.
+            InvalidInputError: a store is already attached, or see :meth:`open`.
             PersistenceError: see :meth:`open`; also both this memory and the store hold a memory.
         """
-        from .durable import DurableStore, attach_store
-
         with self._lock:
             if self._durable is not None:
                 raise InvalidInputError(
-                    f"A store is already attached ({self._durable.path}); call close_store() first."
+                    f"A store is already attached ({self._durable.location}); call close_store() first."
                 )
-            store = DurableStore(path, synchronous=synchronous)
+            store = connect(path, synchronous=synchronous, namespace=namespace)
             try:
                 attach_store(self, store)
             except BaseException:
@@ -1020,8 +1029,28 @@ class HierarchicalMemory(abc.ABC):
 
     @property
     def store_path(self) -> Path | None:
-        """Path of the attached durable store, or ``None``."""
-        return self._durable.path if self._durable is not None else None
+        """Path of the attached SQLite store, or ``None`` (no store, or a PostgreSQL one)."""
+        return getattr(self._durable, "path", None)
+
+    @property
+    def store_location(self) -> str | None:
+        """What the attached store is called: its path, or its URL (without the password) and namespace;
+        ``None`` without a store."""
+        return self._durable.location if self._durable is not None else None
+
+    def refresh(self) -> None:
+        """Apply now what other processes committed to the attached shared store (PostgreSQL); ``add``,
+        ``delete`` and ``retrieve`` do this themselves. A no-op without a store or with an SQLite one.
+
+        Raises:
+            PersistenceError: the store cannot be read (the memory is unchanged).
+        """
+        with self._lock:
+            self._sync_store()
+
+    def _sync_store(self) -> None:
+        if self._durable is not None:
+            self._durable.sync(self)
 
     def _restore(self, data: dict[str, Any], index: NodeIndex | None) -> None:
         self._store = NodeStore.from_dict(data["tree"], self.contiguous_spans)

@@ -3,7 +3,10 @@
 Every namespace owns a separate memory built by a factory; adds, retrievals and deletions of one
 namespace never see another's nodes. With a ``root_dir`` the memories are saved (``save()`` / lazy
 loading on first access) or, with ``durable=True``, kept in one SQLite store each
-(:mod:`shared_core.durable`), so every acknowledged add is on disk.
+(:mod:`shared_core.stores.sqlite`), so every acknowledged add is on disk. With a ``url`` every
+namespace is kept in one PostgreSQL database (:mod:`shared_core.stores.postgres`) that any number of
+processes and machines share: every acknowledged add is committed, and each process sees the others'
+adds before its next add or retrieval.
 
 Namespaces are tuples of strings, e.g. ``("alice", "support-bot", "2024-05-01")``; a plain string is a
 one-part namespace. Any printable text is a valid part, including ``".."``, ``"/"``, ``"\\\\"`` or an
@@ -12,7 +15,7 @@ absolute path: on disk a namespace lives in a directory named from a filesystem-
 directory; the tuple itself is kept in ``namespace.json`` inside. Control characters (NUL included),
 lone surrogates, empty parts and parts over 256 characters are rejected.
 
-Layout of ``root_dir``::
+Layout of ``root_dir`` (PostgreSQL keeps the namespace tuple in its ``hiermem.namespaces`` table)::
 
     ns-<slug>-<digest>/
         namespace.json     {"format": 1, "namespace": [...], "kind": "segtree"}
@@ -29,12 +32,17 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any
 
 from .base import HierarchicalMemory
+from .stores import is_postgres_url
+from .stores.namespace import MAX_PART_CHARS, MAX_PARTS, Namespace, NamespaceLike, normalize_namespace
 from .types import AddReport, Hit, InvalidInputError, MessageLike, PersistenceError
+
+if TYPE_CHECKING:
+    from .stores.postgres import PostgresDatabase
 
 __all__ = [
     "MAX_PART_CHARS",
@@ -45,65 +53,10 @@ __all__ = [
     "normalize_namespace",
 ]
 
-Namespace = tuple[str, ...]
-NamespaceLike = Union[str, Sequence[str]]
-
-#: Longest namespace part in characters.
-MAX_PART_CHARS = 256
-#: Most parts in a namespace.
-MAX_PARTS = 8
 _FORMAT = 1
 _META = "namespace.json"
 _SAVE = "memory"
 _SQLITE = "memory.sqlite"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def normalize_namespace(ns: NamespaceLike) -> Namespace:
-    """Validate a namespace and return it as a tuple of strings.
-
-    Args:
-        ns: a string (one part) or a sequence of 1 to 8 strings.
-
-    Returns:
-        The namespace tuple.
-
-    Raises:
-        InvalidInputError: not a string or sequence of strings, no parts or more than 8, an empty part,
-            a part over 256 characters, or a part with a control character (NUL included) or a lone
-            surrogate.
-    """
-    if isinstance(ns, str):
-        parts: tuple[Any, ...] = (ns,)
-    elif isinstance(ns, (tuple, list)):
-        parts = tuple(ns)
-    else:
-        raise InvalidInputError(
-            "A namespace is a string or a tuple of strings such as ('user', 'agent'), "
-            f"got {type(ns).__name__}."
-        )
-    if not 1 <= len(parts) <= MAX_PARTS:
-        raise InvalidInputError(f"A namespace has 1 to {MAX_PARTS} parts, got {len(parts)}.")
-    for i, p in enumerate(parts):
-        if not isinstance(p, str):
-            raise InvalidInputError(f"Namespace part {i} is a {type(p).__name__}; every part must be a str.")
-        if not p.strip():
-            raise InvalidInputError(f"Namespace part {i} is empty; give every part some text.")
-        if len(p) > MAX_PART_CHARS:
-            raise InvalidInputError(
-                f"Namespace part {i} has {len(p)} characters; the limit is {MAX_PART_CHARS}."
-            )
-        if _CONTROL.search(p):
-            raise InvalidInputError(
-                f"Namespace part {i} contains a control character (e.g. NUL); use printable text only."
-            )
-        try:
-            p.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInputError(
-                f"Namespace part {i} contains a lone surrogate; use valid text."
-            ) from None
-    return parts  # type: ignore[return-value]
 
 
 def namespace_dirname(ns: NamespaceLike) -> str:
@@ -134,14 +87,23 @@ class MemoryStore:
         durable: keep each namespace in its own SQLite store under ``root_dir`` (every acknowledged add
             is on disk; :meth:`save` then only writes what is not durable yet: nothing). Default False.
         synchronous: SQLite ``synchronous`` of the durable stores, default ``"FULL"``.
+        url: keep every namespace in one PostgreSQL database instead, e.g.
+            ``"postgresql://user:password@host:5432/dbname"`` (durable; shared with every other process
+            that opens the same URL); not with ``root_dir``. The schema is created on first use.
+        pool_size: most PostgreSQL connections of each of the store's two pools (writers, readers),
+            default 8; every ``add`` in progress holds a writer connection.
 
     Raises:
-        InvalidInputError: ``factory`` is not callable, or ``durable=True`` without ``root_dir``.
+        InvalidInputError: ``factory`` is not callable, ``durable=True`` without ``root_dir`` or
+            ``url``, both ``root_dir`` and ``url``, or a malformed URL.
+        PersistenceError: the PostgreSQL server cannot be reached, or the database is not a hiermem
+            store.
+        VersionMismatchError: the database's hiermem schema has another version.
 
     Thread safety: the namespace table has its own lock; each memory serialises its own writers.
 
     References:
-        LangGraph ``BaseStore`` namespaces (tuples of strings); :mod:`shared_core.durable`.
+        LangGraph ``BaseStore`` namespaces (tuples of strings); :mod:`shared_core.stores`.
     """
 
     def __init__(
@@ -151,20 +113,47 @@ class MemoryStore:
         *,
         durable: bool = False,
         synchronous: str = "FULL",
+        url: str | None = None,
+        pool_size: int = 8,
     ) -> None:
         if not callable(factory):
             raise InvalidInputError("factory must be a callable returning a new memory.")
-        if durable and root_dir is None:
+        if url is not None:
+            if root_dir is not None:
+                raise InvalidInputError(
+                    "Give either root_dir (files on this machine) or url (a PostgreSQL database), not both."
+                )
+            if not is_postgres_url(url):
+                raise InvalidInputError(
+                    "url must be a PostgreSQL URL such as postgresql://user:password@host:5432/dbname; "
+                    "for files on this machine use root_dir=... with durable=True."
+                )
+        elif durable and root_dir is None:
             raise InvalidInputError(
-                "durable=True keeps one SQLite store per namespace: give root_dir as well."
+                "durable=True keeps one SQLite store per namespace: give root_dir (or a PostgreSQL url) as "
+                "well."
             )
         self.factory = factory
         self.root_dir = Path(root_dir) if root_dir is not None else None
-        self.durable = bool(durable)
+        self.url = url.strip() if url is not None else None
+        self.durable = bool(durable) or url is not None
         self.synchronous = synchronous
+        self.pool_size = pool_size
         self._takes_ns = _takes_positional(factory)
         self._mems: dict[Namespace, HierarchicalMemory] = {}
         self._lock = threading.RLock()
+        self._db: PostgresDatabase | None = None
+        if self.url is not None:
+            self._database()  # a bad URL or an unreachable server fails here, not on first use
+
+    def _database(self) -> PostgresDatabase:
+        """The PostgreSQL database (opened again after :meth:`close`)."""
+        if self._db is None or self._db.closed:
+            from .stores.postgres import PostgresDatabase
+
+            assert self.url is not None
+            self._db = PostgresDatabase(self.url, pool_size=self.pool_size)
+        return self._db
 
     # ------------------------------------------------------------------ paths
     def _dir(self, ns: Namespace) -> Path:
@@ -225,7 +214,11 @@ class MemoryStore:
             if mem is not None:
                 return mem
             mem = self._new(parts)
-            if self.root_dir is not None:
+            if self.url is not None:
+                from .stores.postgres import PostgresStore
+
+                mem.attach_store(PostgresStore(self._database(), parts))
+            elif self.root_dir is not None:
                 d = self._dir(parts)
                 if self.durable:
                     self._write_meta(parts, mem)  # first: a store on disk is always listed
@@ -246,6 +239,8 @@ class MemoryStore:
             return None
 
     def _stored(self, ns: Namespace) -> bool:
+        if self.url is not None:
+            return self._database().has_namespace(ns)
         if self.root_dir is None:
             return False
         d = self._dir(ns)
@@ -315,7 +310,9 @@ class MemoryStore:
             existed = mem is not None
             if mem is not None:
                 mem.close_store()
-            if self.root_dir is not None:
+            if self.url is not None:
+                existed = self._database().drop_namespace(parts) or existed
+            elif self.root_dir is not None:
                 d = self._dir(parts)
                 if d.is_dir():
                     existed = True
@@ -334,7 +331,9 @@ class MemoryStore:
         pre = normalize_namespace(prefix) if prefix is not None else ()
         with self._lock:
             found = set(self._mems)
-            if self.root_dir is not None and self.root_dir.is_dir():
+            if self.url is not None:
+                found.update(self._database().namespaces())
+            elif self.root_dir is not None and self.root_dir.is_dir():
                 for d in self.root_dir.iterdir():
                     if d.is_dir() and d.name.startswith("ns-") and (d / _META).is_file():
                         found.add(self._read_meta(d))
@@ -348,15 +347,17 @@ class MemoryStore:
             The namespaces written.
 
         Raises:
-            InvalidInputError: no ``root_dir``.
+            InvalidInputError: no ``root_dir`` (nor ``url``: a PostgreSQL store has nothing to save).
             PersistenceError: a save failed.
         """
+        if self.url is not None:
+            return []
         if self.root_dir is None:
             raise InvalidInputError("This MemoryStore has no root_dir to save into; pass root_dir=... .")
         out = []
         with self._lock:
             for ns, mem in sorted(self._mems.items()):
-                if mem.store_path is not None:
+                if mem.store_location is not None:
                     continue
                 self._write_meta(ns, mem)
                 mem.save(self._dir(ns) / _SAVE)
@@ -375,14 +376,19 @@ class MemoryStore:
         return names
 
     def close(self) -> None:
-        """Close every durable store and forget the open memories (stored ones reopen on access)."""
+        """Close every durable store and the PostgreSQL connections, and forget the open memories
+        (stored ones reopen on access)."""
         with self._lock:
             mems, self._mems = list(self._mems.values()), {}
+            db, self._db = self._db, None
         for m in mems:
             m.close_store()
+        if db is not None:
+            db.close()
 
     def __repr__(self) -> str:
-        return f"MemoryStore(namespaces={len(self._mems)} open, root_dir={str(self.root_dir)!r})"
+        where = f"url={self._db.location!r}" if self._db is not None else f"root_dir={str(self.root_dir)!r}"
+        return f"MemoryStore(namespaces={len(self._mems)} open, {where})"
 
 
 def _takes_positional(fn: Callable[..., Any]) -> bool:

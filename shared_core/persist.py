@@ -18,17 +18,20 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .index import NodeIndex
+from .stores.base import check_embedder_dim
+from .stores.encoding import MEMORY_FORMAT
 from .types import InvalidInputError, PersistenceError, UnknownPolicyError, VersionMismatchError
 
 if TYPE_CHECKING:
     from .base import HierarchicalMemory
     from .models.base import LLM, Embedder
 
-__all__ = ["load_memory", "read_save", "save_memory"]
+__all__ = ["check_embedder_dim", "load_memory", "read_save", "save_memory"]
 
 M = TypeVar("M", bound="HierarchicalMemory")
 _CURRENT = "CURRENT"
@@ -103,15 +106,17 @@ def save_memory(mem: HierarchicalMemory, path: Path) -> Path:
     return path
 
 
-def read_save(path: Path) -> tuple[dict[str, Any], Path]:
+def read_save(path: Path, format_version: int = MEMORY_FORMAT) -> tuple[dict[str, Any], Path]:
     """Read and validate ``memory.json`` of a save; return ``(data, snapshot_dir)``.
+
+    Args:
+        path: the save directory.
+        format_version: the memory format this hiermem reads (``HierarchicalMemory.FORMAT_VERSION``).
 
     Raises:
         PersistenceError: not a save, unreadable or malformed.
         VersionMismatchError: written by another format version.
     """
-    from .base import HierarchicalMemory
-
     path = Path(path)
     cur = path / _CURRENT
     if not cur.is_file():
@@ -128,44 +133,46 @@ def read_save(path: Path) -> tuple[dict[str, Any], Path]:
         raise PersistenceError(f"Cannot read {snap / _MEMORY}: {type(e).__name__}: {e}") from None
     if not isinstance(data, dict) or not {"format", "kind", "config", "tree"} <= set(data):
         raise PersistenceError(f"{snap / _MEMORY} is not a hiermem memory file.")
-    if data["format"] != HierarchicalMemory.FORMAT_VERSION:
+    if data["format"] != format_version:
         raise VersionMismatchError(
             f"{path} was saved with format version {data['format']}, this hiermem reads version "
-            f"{HierarchicalMemory.FORMAT_VERSION}; load it with the hiermem version that wrote it and "
+            f"{format_version}; load it with the hiermem version that wrote it and "
             "rebuild the memory from its messages."
         )
     return data, snap
 
 
-def check_embedder_dim(mem: Any, dim: int, stored: str, verb: str) -> None:
-    """Raise :class:`PersistenceError` when the memory's embedder does not give ``dim``-d vectors.
+def load_memory(
+    cls: type[M],
+    path: Path,
+    embedder: Embedder | None = None,
+    llm: LLM | None = None,
+    classes: Mapping[str, type[HierarchicalMemory]]
+    | Callable[[], Mapping[str, type[HierarchicalMemory]]] = (),
+) -> M:
+    """Load a save into a new ``cls`` instance (see :meth:`HierarchicalMemory.load`).
 
-    An embedder that cannot tell its dimension is let through (its first vectors are checked then).
-    The message reads ``"<stored> <dim>-d vectors but the embedder gives <n>-d; <verb> it with the embedder
-    it was built with."``.
+    Args:
+        cls: the class ``load`` was called on (``HierarchicalMemory`` dispatches on the saved kind).
+        path: the save directory.
+        embedder: the embedder to use from now on.
+        llm: the LLM to use from now on.
+        classes: the memory classes by kind (or a callable returning them), for the dispatch.
+
+    Returns:
+        The memory.
+
+    Raises:
+        PersistenceError: not a saved memory, or corrupt.
+        VersionMismatchError: saved by an incompatible format version or as another memory kind.
     """
-    try:
-        edim = int(mem.embedder.dim)
-    except Exception:
-        return
-    if edim != dim:
-        raise PersistenceError(
-            f"{stored} {dim}-d vectors but the embedder gives {edim}-d; {verb} it with the embedder it "
-            "was built with."
-        )
-
-
-def load_memory(cls: type[M], path: Path, embedder: Embedder | None = None, llm: LLM | None = None) -> M:
-    """Load a save into a new ``cls`` instance (see :meth:`HierarchicalMemory.load`)."""
-    data, snap = read_save(path)
+    data, snap = read_save(path, cls.FORMAT_VERSION)
     if data["kind"] != cls.kind and cls.kind != "memory":
         raise VersionMismatchError(
             f"{path} holds a {data['kind']} memory; load it with that class, not {cls.__name__}."
         )
     if cls.kind == "memory":  # HierarchicalMemory.load: dispatch on the saved kind
-        from . import memory_classes
-
-        known = memory_classes()
+        known = classes() if callable(classes) else dict(classes)
         if not isinstance(data["kind"], str) or data["kind"] not in known:
             raise PersistenceError(
                 f"{path} holds an unknown memory kind {data['kind']!r}; the save is corrupt."

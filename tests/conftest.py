@@ -29,3 +29,35 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at ../shared/data (looked in {SHARED_DATA.name}); CI provides it")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A private PostgreSQL server for the test session (see tests/pg.py): a cluster in a temporary
+    directory on a Unix socket, run as the ``postgres`` system user when the tests run as root. Skips
+    only where no PostgreSQL server binaries can be had."""
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'hiermem[postgres]')")
+    from tests.pg import PgCluster, find_bindir, server_user
+
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip(
+            "no PostgreSQL server binaries (initdb, pg_ctl, postgres) found: install postgresql-15 "
+            "(scripts/setup.sh does when run as root) or set HIERMEM_PG_BINDIR"
+        )
+    try:
+        server_user()
+    except LookupError as e:
+        pytest.skip(f"cannot run a PostgreSQL server: {e}")
+    cluster = PgCluster(bindir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def pg_url(pg_cluster):
+    """URL of a new, empty database on the session's PostgreSQL server (``connect_timeout=3``)."""
+    return pg_cluster.url(pg_cluster.create_database(), connect_timeout="3")
