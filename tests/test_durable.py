@@ -35,7 +35,7 @@ from shared_core.types import (
 KINDS = ["segtree", "memtree", "hat", "xmemory"]
 LLM_FREE_POLICIES = {
     "segtree": ["collapsed", "top_down", "bottom_up"],
-    "memtree": ["collapsed", "traversal"],
+    "memtree": ["top_down", "collapsed", "traversal"],
     "hat": ["greedy", "collapsed"],
     "xmemory": ["adaptive", "representative", "collapsed"],
 }
