@@ -173,7 +173,7 @@ def test_reference_specs_and_added_methods():
     seg_dense = R.parse_methods("segtree[relevance=dense]:collapsed")[0]
     assert R.memory_facts(seg_dense)["relevance"] == "dense"
     hat = R.parse_methods("hat:greedy")[0]
-    assert R.memory_facts(hat)["default_policy"] == "greedy"
+    assert R.memory_facts(hat)["default_policy"] == "top_down"
     assert R.memory_facts(hat, memory_llm=True)["default_policy"] == "agent"
     with pytest.raises(InvalidInputError):
         R.memory_facts(R.parse_methods("bm25")[0])

@@ -212,7 +212,7 @@ def test_hat_agent_ignoring_the_format_stops_as_insufficient(openai_server):
     mem = primed("hat", openai_server)
     openai_server.default_chat = "Let me think about the weather instead."
     n = len(openai_server.chat_requests())
-    assert mem.retrieve("dogs", policy="agent") == []
+    assert mem.retrieve("dogs", policy="agent", fill=False) == []
     trace = mem.traverse("dogs", "agent")
     FAULTS["injected"] += 4
     assert trace.outcome == "insufficient" and trace.parse_failures == 1

@@ -52,6 +52,10 @@ def filled(kind: str) -> HierarchicalMemory:
         from shared_core import SegTreeMem
 
         mem: HierarchicalMemory = SegTreeMem(embedder=LocalEmbedder())
+    elif kind == "hat":
+        from shared_core import HAT
+
+        mem = HAT(embedder=LocalEmbedder())
     else:
         memtree = pytest.importorskip("shared_core.memtree")
         mem = memtree.MemTree(embedder=LocalEmbedder(), threshold=0.0)
@@ -87,7 +91,23 @@ class TestMemTreeRetrieverStandard(RetrieversIntegrationTests):
         return "When does the flight to Japan leave?"
 
 
+class TestHATRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[BaseRetriever]:
+        return HierMemRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {"memory": filled("hat")}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "Who is visiting for Easter?"
+
+
 def test_the_standard_query_finds_the_fact():
     """Beyond the standard shape checks: the example query's best document is the right text."""
     docs = HierMemRetriever(memory=filled("segtree"), k=3).invoke("What is the name of my dog?")
     assert "Luna" in docs[0].page_content
+    docs = HierMemRetriever(memory=filled("hat"), k=3).invoke("Who is visiting for Easter?")
+    assert len(docs) == 3 and "Clara is visiting" in docs[0].page_content
