@@ -31,6 +31,7 @@ from .models.base import LLM, Embedder, Summarizer
 from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
 from .prompts import hat as P
+from .propagation import check_alpha, check_horizon
 from .relevance import check_weight
 from .tree import TreeInvariantError
 from .types import (
@@ -41,7 +42,6 @@ from .types import (
     ModelError,
     UnknownPolicyError,
     Usage,
-    check_finite,
 )
 
 __all__ = ["ACTIONS", "GREEDY_HITS", "HAT", "Traversal", "layer_sizes", "parse_action"]
@@ -192,21 +192,6 @@ def _preview(text: str, chars: int = PREVIEW_CHARS) -> str:
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise InvalidInputError(f"{name} must be a positive integer, got {value!r}.")
-    return int(value)
-
-
-def _check_alpha(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidInputError(f"alpha must be a number in [0, 1), got {value!r}.")
-    alpha = check_finite(value, "alpha")
-    if not 0.0 <= alpha < 1.0:
-        raise InvalidInputError(f"alpha must be in [0, 1), got {value!r}.")
-    return alpha
-
-
-def _check_horizon(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InvalidInputError(f"horizon must be a non-negative integer, got {value!r}.")
     return int(value)
 
 
@@ -432,8 +417,8 @@ class HAT(HierarchicalMemory):
         if isinstance(cache_size, bool) or not isinstance(cache_size, (int, np.integer)) or cache_size < 0:
             raise InvalidInputError(f"cache_size must be an integer >= 0, got {cache_size!r}.")
         self.cache_size = int(cache_size)
-        self.alpha = _check_alpha(alpha)
-        self.horizon = _check_horizon(horizon)
+        self.alpha = check_alpha(alpha)
+        self.horizon = check_horizon(horizon)
         self.admissible = check_choice(admissible, ADMISSIBLE, "admissible")
         self.greedy_hits = check_choice(greedy_hits, GREEDY_HITS, "greedy_hits")
         self.fill = _check_bool(fill, "fill")
@@ -1141,8 +1126,8 @@ class HAT(HierarchicalMemory):
         admissible = (
             self.admissible if admissible is None else check_choice(admissible, ADMISSIBLE, "admissible")
         )
-        alpha = self.alpha if alpha is None else _check_alpha(alpha)
-        horizon = self.horizon if horizon is None else _check_horizon(horizon)
+        alpha = self.alpha if alpha is None else check_alpha(alpha)
+        horizon = self.horizon if horizon is None else check_horizon(horizon)
         greedy_hits = (
             self.greedy_hits if greedy_hits is None else check_choice(greedy_hits, GREEDY_HITS, "greedy_hits")
         )

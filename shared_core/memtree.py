@@ -30,6 +30,7 @@ from .models.base import LLM, Embedder, Summarizer
 from .models.llm_summarizer import LLMSummarizer, render_children
 from .prompts import fence
 from .prompts import memtree as P
+from .propagation import check_alpha, check_horizon
 from .types import InvalidInputError, Message, ModelError, Usage, check_finite
 
 __all__ = ["MemTree", "MemTreeAggregator"]
@@ -118,19 +119,6 @@ def _check_max_depth(value: Any, name: str = "max_depth") -> int:
             f"{name} must be -1 (unlimited) or a positive integer (deepest allowed node depth), "
             f"got {value!r}."
         )
-    return int(value)
-
-
-def _check_alpha(value: Any) -> float:
-    alpha = check_finite(value, "alpha")
-    if not 0.0 <= alpha < 1.0:
-        raise InvalidInputError(f"alpha must be in [0, 1), got {value!r}.")
-    return alpha
-
-
-def _check_horizon(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InvalidInputError(f"horizon must be a non-negative integer, got {value!r}.")
     return int(value)
 
 
@@ -325,8 +313,8 @@ class MemTree(HierarchicalMemory):
         policy: str = "top_down",
     ) -> None:
         self.default_policy = check_choice(policy, self.policies, "policy")  # type: ignore[misc]
-        self.alpha = _check_alpha(alpha)
-        self.horizon = _check_horizon(horizon)
+        self.alpha = check_alpha(alpha)
+        self.horizon = check_horizon(horizon)
         self.admissible = check_choice(admissible, ADMISSIBLE, "admissible")
         self.base_threshold = check_finite(base_threshold, "base_threshold")
         self.rate = check_finite(rate, "rate")
@@ -734,8 +722,8 @@ class MemTree(HierarchicalMemory):
             if params.get("max_context") is None
             else _positive_int(params["max_context"], "max_context (characters)")
         )
-        alpha = self.alpha if params.get("alpha") is None else _check_alpha(params["alpha"])
-        horizon = self.horizon if params.get("horizon") is None else _check_horizon(params["horizon"])
+        alpha = self.alpha if params.get("alpha") is None else check_alpha(params["alpha"])
+        horizon = self.horizon if params.get("horizon") is None else check_horizon(params["horizon"])
         relevance = params.get("relevance")
         relevance = self.relevance_kind if relevance is None else relevance
         admissible = params.get("admissible")

@@ -6,12 +6,14 @@ distribution; get the finite-horizon mixture of propagated distributions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import scipy.sparse as sp
 
-from .types import InvalidInputError, UnknownPolicyError
+from .types import InvalidInputError, UnknownPolicyError, check_finite
 
-__all__ = ["DIRECTIONS", "propagate", "propagation_matrix"]
+__all__ = ["DIRECTIONS", "check_alpha", "check_horizon", "propagate", "propagation_matrix"]
 
 DIRECTIONS = ("top_down", "bottom_up")
 
@@ -53,6 +55,31 @@ def propagation_matrix(parent: np.ndarray, direction: str, normalize: bool = Tru
     else:
         raise UnknownPolicyError(f"direction must be one of {DIRECTIONS}, got {direction!r}.")
     return sp.csr_matrix((vals, (rows, cols)), shape=(n, n))
+
+
+def check_alpha(value: Any) -> float:
+    """A propagation decay ``alpha`` in ``[0, 1)``.
+
+    Raises:
+        InvalidInputError: not a finite number in ``[0, 1)`` (booleans included).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidInputError(f"alpha must be a number in [0, 1), got {value!r}.")
+    alpha = check_finite(value, "alpha")
+    if not 0.0 <= alpha < 1.0:
+        raise InvalidInputError(f"alpha must be in [0, 1), got {value!r}.")
+    return alpha
+
+
+def check_horizon(value: Any) -> int:
+    """A propagation horizon ``H``: a non-negative integer.
+
+    Raises:
+        InvalidInputError: not a non-negative integer.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidInputError(f"horizon must be a non-negative integer, got {value!r}.")
+    return int(value)
 
 
 def _check_decay(alpha: float, horizon: int) -> int:
