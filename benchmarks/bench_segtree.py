@@ -12,7 +12,11 @@ message is a noisy copy of its topic vector, which leans towards its theme's vec
 nothing but behave like summaries: a node's vector is the mean of its first and
 last child's, so it drifts from the newest message as its span grows.
 
-Usage: ``python benchmarks/bench_segtree.py [--leaves 100000] [--out results.json]``.
+The tree is built with the cosine model's ``branching`` (default 8; ``--branching none`` is the
+paper's rule, a new root for every utterance unlike the frontier), and the shape is reported: height,
+tree and stored nodes per leaf, mean branching and the widest node.
+
+Usage: ``python benchmarks/bench_segtree.py [--leaves 100000] [--branching 8|none] [--out results.json]``.
 """
 
 from __future__ import annotations
@@ -38,9 +42,16 @@ from shared_core.types import Usage
 DIM = 384
 
 
-def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 50) -> dict[str, object]:
+def bench_insert_and_retrieve(
+    n_leaves: int, window: int = 500, queries: int = 50, branching: int | None = 8
+) -> dict[str, object]:
     texts, table = topical_stream(n_leaves + window)
-    mem = SegTreeMem(embedder=ReplayEmbedder(table), summarizer=SpanEndsSummarizer(table), relevance="dense")
+    mem = SegTreeMem(
+        embedder=ReplayEmbedder(table),
+        summarizer=SpanEndsSummarizer(table),
+        relevance="dense",
+        branching=branching,
+    )
     times: dict[int, float] = {}
     checkpoints = {1_000, n_leaves}
     t0 = time.perf_counter()
@@ -71,11 +82,15 @@ def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 5
     flat_ms = (time.perf_counter() - s) / queries * 1e3
     flat_cpu_ms = (time.process_time() - c) / queries * 1e3
     return {
+        "branching": branching,
         "leaves": len(texts),
         "nodes": stats["nodes"],
         "tree_nodes": stats["tree_nodes"],
+        "stored_nodes_per_leaf": stats["nodes"] / len(texts),
+        "tree_nodes_per_leaf": stats["tree_nodes"] / len(texts),
         "height": stats["height"],
         "mean_branching": stats["mean_branching"],
+        "max_children": max(len(n.children) for n in mem._store.nodes.values()),
         "decisions": stats["decisions"],
         "build_seconds": build_s,
         "insert_median_ms": {str(c): med[c] * 1e3 for c in sorted(checkpoints)},
@@ -89,7 +104,7 @@ def bench_insert_and_retrieve(n_leaves: int, window: int = 500, queries: int = 5
     }
 
 
-def model_calls_per_insert(n: int = 200) -> dict[str, dict[str, float]]:
+def model_calls_per_insert(n: int = 200, branching: int | None = 8) -> dict[str, dict[str, float]]:
     """Embedding and LLM calls per insert for each compatibility model (LLM answers scripted locally)."""
     from shared_core.types import Completion
 
@@ -122,6 +137,7 @@ def model_calls_per_insert(n: int = 200) -> dict[str, dict[str, float]]:
             compat=compat,
             summarizer=None if llm else SpanEndsSummarizer(table),
             relevance="dense",
+            branching=branching,
         )
         tot = Usage()
         for t in texts:
@@ -137,14 +153,20 @@ def model_calls_per_insert(n: int = 200) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--leaves", type=int, default=100_000)
+    ap.add_argument(
+        "--branching",
+        type=lambda v: None if v.lower() == "none" else int(v),
+        default=8,
+        help="the cosine model's branching factor B, or 'none' for the paper's rule (default 8)",
+    )
     ap.add_argument("--out", type=str, default=None)
     args = ap.parse_args()
     pin_threads()  # one BLAS/FAISS thread: the flat search and the tree pay the same
     start = machine_description()
     res = {
         "machine": {"start": start},
-        "insert_and_retrieve": bench_insert_and_retrieve(args.leaves),
-        "model_calls": model_calls_per_insert(),
+        "insert_and_retrieve": bench_insert_and_retrieve(args.leaves, branching=args.branching),
+        "model_calls": model_calls_per_insert(branching=args.branching),
     }
     res["machine"]["end"] = machine_description()
     text = json.dumps(res, indent=2)

@@ -26,6 +26,13 @@ of ``shared/data/README.md`` (dense 0.456, BM25 0.511, stemmed BM25 0.580).
 Usage: ``python benchmarks/segtree_quality.py [--out results.json] [--quick]``. The data is read from
 ``../shared/data/locomo/locomo_dev.json`` (relative to the repository root) or ``--data``.
 
+Tree shapes: ``python benchmarks/segtree_quality.py --shapes [--branching 8,none] [--realmem PATH]``
+builds the library's ``SegTreeMem`` on the embedded defaults (only ``branching`` varies) over the LoCoMo
+dev conversations, the bundled RealMem excerpt and any ``--realmem`` persona file, each up to its last
+query as ``hiermem eval`` does, and prints per tree: height, Algorithm 1's nodes and the stored nodes per
+leaf, mean branching, the widest node, the compatibility decisions, texts embedded per insert and CPU
+milliseconds per insert outside the embedder.
+
 References:
     SegTreeMem paper (shared/seeds/segtreemem-paper.txt), Sec. 4.2-4.3, Appendix A Algorithms 1-2,
     Sec. 5.4 and Appendix D.3 (alpha / H sweeps); LoCoMo (Maharana et al., 2024).
@@ -141,11 +148,15 @@ def load_conversations(path: Path) -> list[Conversation]:
 
 
 class CachedEmbedder:
-    """Wraps an embedder with a text -> vector cache, so repeated texts are embedded once per run."""
+    """Wraps an embedder with a text -> vector cache, so repeated texts are embedded once per run.
+
+    ``cpu_seconds`` is the process CPU time spent in the wrapped embedder.
+    """
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
         self.cache: dict[str, np.ndarray] = {}
+        self.cpu_seconds = 0.0
 
     @property
     def dim(self) -> int:
@@ -154,7 +165,9 @@ class CachedEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         missing = list(dict.fromkeys(t for t in texts if t not in self.cache))
         if missing:
+            c0 = time.process_time()
             self.cache.update(zip(missing, np.asarray(self.inner.embed(missing), dtype=np.float32)))
+            self.cpu_seconds += time.process_time() - c0
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self.cache[t] for t in texts])
@@ -665,13 +678,129 @@ def _setting(r: dict[str, Any]) -> str:
     )
 
 
+def _decision_kinds(decisions: dict[str, int]) -> dict[str, int]:
+    """Decision counts by kind (``merge_3`` and ``merge_5`` are ``merge``, ``segment_3`` is ``segment``)."""
+    out: dict[str, int] = {}
+    for key, n in decisions.items():
+        kind = key.split("_")[0]
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def tree_shapes(
+    locomo: Path | None, realmem: Sequence[Path], branchings: Sequence[int | None]
+) -> list[dict[str, Any]]:
+    """Shapes of the library's default ``SegTreeMem`` per conversation and ``branching`` value.
+
+    Args:
+        locomo: a LoCoMo-format file (its conversations are built), or ``None``.
+        realmem: RealMem persona files; the bundled excerpt is always built.
+        branchings: the ``branching`` values (``None``: the paper's rule).
+
+    Returns:
+        One row per (conversation, branching): ``height``, ``leaves``, ``tree_nodes_per_leaf``,
+        ``stored_nodes_per_leaf``, ``mean_branching``, ``max_children``, ``decisions`` (by kind),
+        ``embedded_texts_per_insert`` (the memory's embedding requests, the model cost of an insert)
+        and ``cpu_ms_per_insert`` (process CPU of ``add`` less the time spent computing embeddings).
+
+    References:
+        SegTreeMem paper, Appendix C.1 Table 5 (the same shape statistics) and C.3.
+    """
+    import torch
+
+    from shared_core.eval.data import load_locomo, load_realmem, load_realmem_excerpt
+    from shared_core.models.local import LocalEmbedder
+
+    torch.set_num_threads(1)
+    convs = [("realmem_excerpt", load_realmem_excerpt())]
+    convs += [(c.id, c) for c in (load_locomo(locomo) if locomo is not None else [])]
+    convs += [(c.id, c) for c in (load_realmem(p) for p in realmem)]
+    embedder = CachedEmbedder(LocalEmbedder())
+    rows = []
+    for name, conv in convs:
+        end = max((q.position for q in conv.queries), default=len(conv.messages))
+        for b in branchings:
+            mem = SegTreeMem(embedder, None, branching=b)
+            t0, e0 = time.process_time(), embedder.cpu_seconds
+            for m in conv.messages[:end]:
+                mem.add(m)
+            cpu = time.process_time() - t0 - (embedder.cpu_seconds - e0)
+            st = mem.stats()
+            rows.append(
+                {
+                    "conversation": name,
+                    "branching": b,
+                    "leaves": st["leaves"],
+                    "height": st["height"],
+                    "tree_nodes_per_leaf": st["tree_nodes"] / st["leaves"],
+                    "stored_nodes_per_leaf": st["nodes"] / st["leaves"],
+                    "mean_branching": st["mean_branching"],
+                    "max_children": max(len(n["children"]) for n in mem.to_dict()["tree"]["nodes"]),
+                    "decisions": _decision_kinds(st["decisions"]),
+                    "embedded_texts_per_insert": st["usage"]["embedded_texts"] / max(end, 1),
+                    "cpu_ms_per_insert": cpu / max(end, 1) * 1e3,
+                }
+            )
+            print(f"  built {name} branching={b}: height {st['height']}", flush=True)
+    return rows
+
+
+def print_shapes(rows: Sequence[dict[str, Any]]) -> None:
+    """Print :func:`tree_shapes` rows as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="SegTreeMem tree shapes (embedded defaults)")
+    cols = ("conversation", "branching", "leaves", "height", "tree/leaf", "stored/leaf", "branching mean")
+    for col in (*cols, "widest", "decisions", "embedded/insert", "CPU ms/insert"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            r["conversation"],
+            str(r["branching"]),
+            str(r["leaves"]),
+            str(r["height"]),
+            f"{r['tree_nodes_per_leaf']:.2f}",
+            f"{r['stored_nodes_per_leaf']:.2f}",
+            f"{r['mean_branching']:.2f}",
+            str(r["max_children"]),
+            " ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items())),
+            f"{r['embedded_texts_per_insert']:.2f}",
+            f"{r['cpu_ms_per_insert']:.2f}",
+        )
+    Console(width=200).print(t)
+
+
+def _branching_list(text: str) -> list[int | None]:
+    return [None if v.strip().lower() == "none" else int(v) for v in text.split(",")]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line entry: run the grid, print the tables, write JSON."""
+    """Command line entry: run the grid (or the tree shapes), print the tables, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--data", type=Path, default=DATA, help="LoCoMo-format JSON file")
     ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--quick", action="store_true", help="one construction setting and a small grid")
+    ap.add_argument("--shapes", action="store_true", help="tree shapes instead of the retrieval grid")
+    ap.add_argument(
+        "--branching",
+        type=_branching_list,
+        default=[8, None],
+        help="with --shapes: comma-separated branching values, 'none' for the paper's rule (default 8,none)",
+    )
+    ap.add_argument(
+        "--realmem", type=Path, action="append", default=[], help="with --shapes: a RealMem persona file"
+    )
     args = ap.parse_args(argv)
+    if args.shapes:
+        t0 = time.perf_counter()
+        rows = tree_shapes(args.data if args.data.exists() else None, args.realmem, args.branching)
+        print_shapes(rows)
+        if args.out:
+            doc = {"shapes": rows, "seconds": round(time.perf_counter() - t0, 1)}
+            args.out.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            print(f"wrote {args.out}")
+        return
     if not args.data.exists():
         raise SystemExit(f"LoCoMo data not found at {args.data}; pass --data PATH.")
     t0 = time.perf_counter()

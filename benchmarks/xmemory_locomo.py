@@ -1,20 +1,24 @@
-"""xMemory (LLM-free) against flat dense retrieval on the LoCoMo dev conversations, at equal token budgets.
+"""xMemory (LLM-free) against flat retrieval on the LoCoMo dev conversations, at equal token budgets.
 
 For each conversation of ``../shared/data/locomo/locomo_dev.json`` (conv-26 and conv-30, loaded with
 :func:`shared_core.eval.data.load_locomo`: categories 1-4, photo captions in the text) the turns are added
 online, session by session (timestamp = the session's date), into an :class:`XMemory` built with the
 embedded defaults (all-MiniLM-L6-v2, no LLM: rule boundaries, rule facts, extractive theme summaries,
-proxy uncertainty); the open episode is flushed at the end. Every question is then asked with the
-``adaptive`` policy (and ``representative`` for reference). Per query we record the tokens of the
-returned text (:func:`shared_core.base.count_tokens`) and the answer-token recall
+proxy uncertainty, hybrid relevance); the open episode is flushed at the end. Every question is then
+asked, k = 10, with the default ``top_down`` policy (message evidence), ``adaptive`` (the paper's two
+stages) and ``representative`` (Stage I). Per query we record the evidence recall of the message hits
+(:func:`shared_core.eval.metrics.evidence_recall`), the tokens of the returned text
+(:func:`shared_core.base.count_tokens`) and the answer-token recall
 (:func:`shared_core.eval.metrics.answer_token_recall`: the share of the gold answer's content words,
 lower-cased, stop words removed, present in the returned text).
 
-Baselines: flat dense retrieval over the turns (``"speaker: text"``, same embedder) given, per query, the
-same token budget as xMemory (turns in cosine order, skipping any that would exceed it), once with each
-turn shown as ``[session date] speaker: text`` (dates visible, as they are inside xMemory's episodes and
-facts) and once undated (the project's flat rendering); plus flat top-10 undated turns for reference (the
-figure of ``../shared/data/README.md``). xMemory's message hits are shown with their date too.
+Baselines: flat top-10 over the turns (``"speaker: text"``, same embedder) by dense cosine and by the
+max-normalised dense + stemmed BM25 fusion (:class:`shared_core.eval.baselines.FlatFusion`, the
+strongest flat baseline of ``../shared/data/README.md``); and flat dense retrieval given, per query, the
+same token budget as each xMemory policy (turns in cosine order, skipping any that would exceed it), once
+with each turn shown as ``[session date] speaker: text`` (dates visible, as they are inside xMemory's
+episodes and facts) and once undated (the project's flat rendering). xMemory's message hits are shown
+with their date too.
 
 LoCoMo is CC BY-NC 4.0: it is read from ``../shared/data`` and never copied; without it the script exits
 cleanly with a message.
@@ -49,7 +53,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from shared_core.base import count_tokens  # noqa: E402
-from shared_core.eval.metrics import answer_token_recall  # noqa: E402
+from shared_core.eval.baselines import FlatFusion  # noqa: E402
+from shared_core.eval.metrics import answer_token_recall, evidence_recall  # noqa: E402
 from shared_core.index import normalize_rows  # noqa: E402
 from shared_core.types import Message  # noqa: E402
 from shared_core.xmemory import XMemory  # noqa: E402
@@ -114,13 +119,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     levels: dict[str, dict[str, list[int]]] = {}
     rows: dict[str, list[float]] = {}
     toks: dict[str, list[int]] = {}
+    evid: dict[str, list[float]] = {}
     per_cat: dict[str, dict[int, list[float]]] = {}
     structure = []
 
-    def record(name: str, cat: int, rec: float, n_tok: int) -> None:
+    def record(name: str, cat: int, rec: float, n_tok: int, ev: float | None = None) -> None:
         rows.setdefault(name, []).append(rec)
         toks.setdefault(name, []).append(n_tok)
         per_cat.setdefault(name, {}).setdefault(cat, []).append(rec)
+        if ev is not None:
+            evid.setdefault(name, []).append(ev)
 
     for conv in convs:
         msgs = conv.messages
@@ -134,6 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             mem.add(batch)
         mem.flush()
         build = time.perf_counter() - t0
+        fusion = FlatFusion(embedder)
+        fusion.add(msgs)
         st = mem.stats()
         structure.append(
             {
@@ -170,14 +180,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cat,
                 answer_token_recall(q.answer, [plain[i] for i in top]),
                 sum(tok_plain[i] for i in top),
+                evidence_recall([msgs[i].id for i in top], q.evidence),
             )
-            runs = [(p, "", params) for p in ("adaptive", "representative")]
+            fused = fusion.retrieve(q.question, k=10)
+            record(
+                "flat fusion top-10",
+                cat,
+                answer_token_recall(q.answer, [h.text for h in fused]),
+                count_tokens([h.text for h in fused]),
+                evidence_recall([s for h in fused for s in h.source_ids], q.evidence),
+            )
+            runs = [(p, "", params) for p in ("top_down", "adaptive", "representative")]
             runs += [("adaptive", f" {json.dumps(v, sort_keys=True)}", {**params, **v}) for v in variants]
             for policy, tag, kw in runs:
-                hits = mem.retrieve(q.question, policy=policy, **kw)
+                hits = mem.retrieve(q.question, k=10, policy=policy, **kw)
                 shown = [render_hit(h) for h in hits]
                 n_tok = count_tokens(shown)
-                record(f"xMemory {policy}{tag}", cat, answer_token_recall(q.answer, shown), n_tok)
+                ev = evidence_recall([s for h in hits if h.is_leaf for s in h.source_ids], q.evidence)
+                record(f"xMemory {policy}{tag}", cat, answer_token_recall(q.answer, shown), n_tok, ev)
                 for h in hits:
                     levels.setdefault(f"{policy}{tag}", {}).setdefault(h.metadata["level"], []).append(
                         count_tokens(render_hit(h))
@@ -196,6 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     table = {
         name: {
             "answer_token_recall": round(statistics.fmean(v), 4),
+            "evidence_recall": round(statistics.fmean(evid[name]), 4) if name in evid else None,
             "tokens_per_query": round(statistics.fmean(toks[name]), 1),
             "queries": len(v),
             "by_category": {c: round(statistics.fmean(x), 4) for c, x in sorted(per_cat[name].items())},
@@ -231,7 +252,7 @@ def main() -> int:
         "--variant",
         nargs="*",
         default=[],
-        help="extra adaptive runs on the same memories, JSON, e.g. '{\"coverage\": 1.0}'",
+        help="extra adaptive runs on the same memories, JSON, e.g. '{\"coverage\": 0.8}'",
     )
     ap.add_argument("--limit", type=int, default=0, help="at most this many questions per conversation")
     args = ap.parse_args()
@@ -242,13 +263,14 @@ def main() -> int:
     print(json.dumps(res["structure"], indent=1))
     print(json.dumps(res["composition"], indent=1))
     print(
-        "\n| method | answer-token recall | tokens/query | by category (1 multi-hop, 2 temporal, "
-        "3 open-domain, 4 single-hop) |"
+        "\n| method | evidence recall@10 (message hits) | answer-token recall | tokens/query | by category "
+        "(1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop) |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     for name, r in res["results"].items():
         cats = ", ".join(f"{c}: {v:.3f}" for c, v in r["by_category"].items())
-        print(f"| {name} | {r['answer_token_recall']:.3f} | {r['tokens_per_query']:.0f} | {cats} |")
+        ev = "" if r["evidence_recall"] is None else f"{r['evidence_recall']:.3f}"
+        print(f"| {name} | {ev} | {r['answer_token_recall']:.3f} | {r['tokens_per_query']:.0f} | {cats} |")
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
     return 0

@@ -654,7 +654,8 @@ class SegTreeIndex(HierMemIndex):
 class MemTreeIndex(HierMemIndex):
     """A LlamaIndex index over a ``shared_core.memtree.MemTree`` (semantic tree with online insertion).
 
-    Policies: ``collapsed`` (default), ``traversal``. Arguments: see :class:`HierMemIndex`;
+    Policies: ``top_down`` (default: message leaves ranked by propagated hybrid relevance),
+    ``collapsed`` (the paper's), ``traversal``. Arguments: see :class:`HierMemIndex`;
     ``**memory_kwargs`` are ``MemTree`` options.
 
     References:
@@ -668,8 +669,9 @@ class MemTreeIndex(HierMemIndex):
 class HATIndex(HierMemIndex):
     """A LlamaIndex index over a ``shared_core.hat.HAT`` (hierarchical aggregate tree).
 
-    Policies: ``agent``, ``bfs``, ``dfs`` (need an LLM), ``greedy``, ``collapsed``. Arguments: see
-    :class:`HierMemIndex`; ``**memory_kwargs`` are ``HAT`` options (e.g. the memory length ``M``).
+    Policies: ``top_down`` (default without an LLM), ``agent`` (default with one), ``bfs``, ``dfs`` (need
+    an LLM), ``greedy``, ``collapsed``. Arguments: see :class:`HierMemIndex`; ``**memory_kwargs`` are
+    ``HAT`` options (e.g. the memory length ``M``).
 
     References:
         HAT paper (shared/seeds/hat-paper.txt), Sec. 3.1 (the tree) and 3.2 (memory agent).
@@ -682,8 +684,9 @@ class HATIndex(HierMemIndex):
 class XMemoryIndex(HierMemIndex):
     """A LlamaIndex index over a ``shared_core.xmemory.XMemory`` (messages, episodes, semantics, themes).
 
-    Policies: ``adaptive``, ``representative``, ``collapsed``. Arguments: see :class:`HierMemIndex`;
-    ``**memory_kwargs`` are ``XMemory`` options.
+    Policies: ``top_down`` (default: message leaves ranked by their own and their facts' relevance),
+    ``adaptive`` (the paper's two-stage retrieval), ``representative``, ``collapsed``. Arguments: see
+    :class:`HierMemIndex`; ``**memory_kwargs`` are ``XMemory`` options.
 
     References:
         xMemory paper (shared/seeds/xmemory-paper.txt), Sec. 3.2 (structure) and 3.3 (adaptive retrieval).

@@ -814,12 +814,20 @@ class HierarchicalMemory(abc.ABC):
     def _to_hits(
         self, cands: Sequence[tuple[int, float, dict[str, Any]]], k: int, max_tokens: int | None
     ) -> list[Hit]:
+        """Hits from ranked candidates: distinct texts, at most ``k``, within ``max_tokens``.
+
+        A candidate whose metadata names the node it ``stands_for`` (e.g. xMemory's fact standing for
+        its message) is taken only when that node was not (a budget had no room for it).
+        """
         hits: list[Hit] = []
         seen: set[str] = set()
+        taken: set[int] = set()
         used = 0
         for nid, score, meta in cands:
             node = self._store.nodes.get(int(nid))
             if node is None or not node.text or node.text in seen:
+                continue
+            if meta.get("stands_for") in taken:
                 continue
             if max_tokens is not None:
                 t = count_tokens(node.text)
@@ -827,6 +835,7 @@ class HierarchicalMemory(abc.ABC):
                     continue
                 used += t
             seen.add(node.text)
+            taken.add(int(nid))
             hits.append(self.hit(int(nid), float(score), meta))
             if len(hits) >= k:
                 break

@@ -7,7 +7,7 @@ structure-aware retrieval by relevance propagation (Sec. 4.3, Algorithm 2).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -41,19 +41,50 @@ class SegTreeMem(HierarchicalMemory):
     propagates over the copies too, and inserting costs time and memory in the stored nodes on the
     frontier rather than in the height, which grows with every NONE decision (App. C.3).
 
+    New segments instead of new roots (``compat="cosine"``, departure from the paper). In the paper an
+    utterance that resembles no frontier annotation is a NONE: a new root over the whole tree. Where
+    sessions change subject, that is most session openings, and the tree becomes a staircase of nested
+    prefixes (App. C.3's cascade): with the embedded MiniLM embedder, height 86 for the 384 turns of the
+    bundled RealMem excerpt and 346 for the 1,534 turns of RealMem's Kenta_Tanaka (mean branching 1.07
+    and 1.02, 16 and 57 tree nodes per leaf). Here such an utterance starts a new segment, as a B-tree
+    appends at its right edge: it attaches, over its own chain (so that the turns that follow it can
+    join it at level 2), to the lowest frontier node from level 3 up that has fewer than ``branching``
+    (B) children; NONE happens only when every one of them has B. An utterance the model finds
+    compatible attaches where the paper puts it. On a stream of mutually dissimilar utterances the tree
+    is a complete B-ary tree over one-utterance segments, of height ``3 + floor(log_B(T - 2))`` after
+    ``T >= 3`` utterances (the paper's rule: height ``T``). Measured with the embedded defaults, B = 8:
+    height 5 on the excerpt and on Kenta_Tanaka, 3 and 4 on LoCoMo conv-26 / conv-30 (4 and 5 with the
+    paper's rule), 1.2-1.6 tree nodes per leaf; evidence recall@10 does not drop (see ``alpha``).
+    ``branching=None`` restores the paper's rule exactly; saves made before this option load with it.
+
     Args:
         embedder: the embedder (default: the embedded all-MiniLM-L6-v2).
         llm: an LLM for annotations and LLM compatibility models, or ``None`` (extractive annotations).
         compat: compatibility model: ``"cosine"`` (default; the annotation of a frontier node whose
-            cosine with the utterance is highest and at least ``threshold``), ``"pointwise_llm"`` or
-            ``"batch_llm"`` (need ``llm``).
+            cosine with the utterance is highest and at least ``threshold``, else a new segment, see
+            ``branching``), ``"pointwise_llm"`` or ``"batch_llm"`` (need ``llm``; as in the paper, SPLIT
+            or no MERGE is NONE, and an answer that cannot be parsed after one retry falls back to the
+            paper's cosine model over the candidates not yet rejected).
         threshold: cosine threshold of the ``cosine`` model, default 0.25. The paper gives no value; it
             sets the tree's shape, because every NONE adds a root level (App. C.3). Chosen on the LoCoMo
             dev conversations: ``top_down`` evidence recall@10 is 0.625 / 0.647 / 0.647 / 0.629 / 0.652
             at 0.0 / 0.2 / 0.25 / 0.3 / 0.4 (one query is 0.004), and 0.25 builds trees like the paper's
-            Table 5 (height 4-5, 1.4 nodes per leaf) where 0.4 builds 32-38 levels.
-        alpha: propagation decay ``α`` in ``[0, 1)``, default 0.3 (the paper's 0.1 is best only with
-            ``top_down_weights="share"``).
+            Table 5 (height 4-5, 1.4 nodes per leaf) where 0.4 builds 32-38 levels (all with
+            ``branching=None``). With the default ``branching`` no threshold from 0.2 to 0.4 does
+            better on both LoCoMo dev and RealMem.
+        branching: the branching factor ``B`` (B-tree order) of the ``cosine`` model, an int >= 2,
+            default 8, or ``None``. An utterance below ``threshold`` with every candidate starts a new
+            segment under the lowest frontier node from level 3 up with fewer than ``B`` children, and
+            is a NONE (new root) only when every such node has ``B``. ``None`` makes it a NONE always:
+            the paper's rule, and the value of saves made before this option. The LLM models do not use
+            it. On the dev data every ``B`` from 2 to 32 keeps the height at 3-7 and evidence recall@10
+            within 0.01 of ``B = 8`` (LoCoMo ``top_down`` 0.644-0.647, RealMem Kenta_Tanaka 0.572-0.576);
+            8 sits inside the mean branching of the paper's trees (Table 5: 3.8-9.2).
+        alpha: propagation decay ``α`` in ``[0, 1)``, default 0.1 (the paper's). On LoCoMo dev every
+            ``α`` from 0.05 to 0.3 is within three queries of the others (``top_down`` 0.639-0.652); on
+            RealMem, where evidence is a session, a larger ``α`` gathers the top hits into fewer
+            sessions: ``top_down`` session recall@10 0.576 at 0.1 and 0.558 at 0.3, against 0.569 for
+            ``collapsed``. Saves keep the ``α`` they were made with.
         horizon: propagation horizon ``H``, default 2.
         k: default evidence budget ``K`` (top-k), default 10.
         relevance: local relevance ``R(q, A(v))``: ``"dense"`` (the paper), ``"bm25"`` or ``"hybrid"``.
@@ -71,13 +102,14 @@ class SegTreeMem(HierarchicalMemory):
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
     Raises:
-        InvalidInputError: a parameter out of range.
+        InvalidInputError: a parameter out of range (e.g. ``branching`` not ``None`` or an int >= 2).
         UnknownPolicyError: an unknown ``compat``, ``relevance`` or ``admissible``.
         LLMRequiredError: an LLM compatibility model without ``llm``.
 
     References:
         "SegTreeMem" paper (shared/seeds/segtreemem-paper.txt): Sec. 4.1-4.3; Appendix A, Algorithms 1-2;
-        Appendix G.1 prompts; Appendix C.3 worst case.
+        Appendix G.1 prompts; Appendix C.1 Table 5 (tree shapes), C.3 worst case. B-trees: Bayer and
+        McCreight, "Organization and maintenance of large ordered indexes" (1972).
     """
 
     kind = "segtree"
@@ -85,6 +117,8 @@ class SegTreeMem(HierarchicalMemory):
     default_policy = "top_down"
     contiguous_spans = True
     prefetch_messages = True
+    #: saves made before ``branching`` existed put every dissimilar utterance under a new root
+    legacy_config: ClassVar[dict[str, Any]] = {"branching": None}
 
     def __init__(
         self,
@@ -93,7 +127,8 @@ class SegTreeMem(HierarchicalMemory):
         *,
         compat: str = "cosine",
         threshold: float = 0.25,
-        alpha: float = 0.3,
+        branching: int | None = 8,
+        alpha: float = 0.1,
         horizon: int = 2,
         k: int = 10,
         relevance: str = "hybrid",
@@ -111,6 +146,7 @@ class SegTreeMem(HierarchicalMemory):
             raise LLMRequiredError(f"compat={compat!r} needs an LLM; pass llm=... or use compat='cosine'.")
         self.compat = compat
         self.threshold = check_finite(threshold, "threshold")
+        self.branching = self._check_branching(branching)
         self.alpha = self._check_alpha(alpha)
         self.horizon = self._check_horizon(horizon)
         if isinstance(k, bool) or int(k) < 1:
@@ -137,6 +173,17 @@ class SegTreeMem(HierarchicalMemory):
         self.default_k = self.k  # type: ignore[misc]
 
     @staticmethod
+    def _check_branching(branching: int | None) -> int | None:
+        if branching is None:
+            return None
+        if isinstance(branching, bool) or not isinstance(branching, (int, np.integer)) or branching < 2:
+            raise InvalidInputError(
+                f"branching must be an int >= 2 or None (the paper's new root for every dissimilar "
+                f"utterance), got {branching!r}."
+            )
+        return int(branching)
+
+    @staticmethod
     def _check_alpha(alpha: float) -> float:
         alpha = check_finite(alpha, "alpha")
         if not 0.0 <= alpha < 1.0:
@@ -160,6 +207,7 @@ class SegTreeMem(HierarchicalMemory):
         return {
             "compat": self.compat,
             "threshold": self.threshold,
+            "branching": self.branching,
             "alpha": self.alpha,
             "horizon": self.horizon,
             "k": self.k,
@@ -212,11 +260,15 @@ class SegTreeMem(HierarchicalMemory):
         F = self.frontier()  # line 7
         m = len(F)
         ell = self._compatibility(text, leaf.id, F[1:], usage)  # line 8: None or 2..m
+        kind = "merge"
+        if ell is None and self.compat == "cosine" and self.branching is not None:
+            ell = self._segment_level(F)  # a new segment rather than a new root, while there is room
+            kind = "segment"
         if ell is not None:  # lines 9-12; the chain of ell - 2 copies above the leaf is implicit
             target = self._stored_at(F[ell - 1], ell)
             st.add_child(target, leaf.id)
             update = [target, *st.ancestors(target)]
-            decision = f"merge_{ell}"
+            decision = f"{kind}_{ell}"
         else:  # lines 13-17; the chain of m - 1 copies above the leaf is implicit
             old_root = st.root
             assert old_root is not None
@@ -231,6 +283,34 @@ class SegTreeMem(HierarchicalMemory):
             self._annotate(u, usage)
         self._decisions[decision] = self._decisions.get(decision, 0) + 1
         return {"attach_level": ell, "decision": decision, "frontier_size": m}
+
+    def _segment_level(self, F: list[int]) -> int | None:
+        """Where an utterance compatible with no frontier node starts a new segment, or ``None`` (NONE).
+
+        The lowest level ``ℓ`` in ``3..m`` whose frontier node has fewer than ``branching`` children (a
+        level held by an implicit single-child copy has one). Attaching at ``ℓ >= 3`` gives the new
+        leaf its own chain, so its level-2 copy is a segment of its own that the following turns can
+        join; the tree grows a level only when every frontier node from level 3 up is full, as a B-tree
+        grows only when the root splits.
+
+        Args:
+            F: the frontier ``(f_1, ..., f_m)``, leaf first (:meth:`frontier`).
+
+        Returns:
+            ``ℓ`` in ``3..m``, or ``None`` when every frontier node from level 3 up has ``branching``
+            children (or ``m < 3``).
+
+        References:
+            Sec. 4.2, Eq. (2); Appendix A, Algorithm 1, lines 9-17; App. C.3 (the cascade it avoids).
+        """
+        st = self._store
+        assert self.branching is not None
+        for level in range(3, len(F) + 1):
+            node = st.nodes[F[level - 1]]
+            fanout = len(node.children) if node.level == level else 1
+            if fanout < self.branching:
+                return level
+        return None
 
     def _stored_at(self, nid: int, level: int) -> int:
         """The stored node for frontier level ``level``, held by ``nid`` or by a copy of it.
@@ -272,6 +352,10 @@ class SegTreeMem(HierarchicalMemory):
         child's annotation, so a tall frontier repeats the same text many times, and a repeated text gets
         the answer of its lowest occurrence (as ``argmax`` does for ``cosine``: the first of equal
         maxima). This keeps a pointwise insertion to one question per distinct candidate.
+
+        An answer that cannot be parsed after one retry falls back to the paper's cosine model: over
+        every candidate for ``batch_llm``, over the candidates from the unparsed one up for
+        ``pointwise_llm`` (those below it were answered CONTINUE).
         """
         if not cands:
             return None
@@ -298,11 +382,12 @@ class SegTreeMem(HierarchicalMemory):
                     lambda s: parse_label(s, ("MERGE", "CONTINUE")),
                     system=P.POINTWISE_SYSTEM,
                     max_tokens=5,
-                    fallback="CONTINUE",
+                    fallback=None,
                 )
                 usage += res.usage
                 if not res.ok:
                     self._decisions["parse_fallbacks"] = self._decisions.get("parse_fallbacks", 0) + 1
+                    return self._cosine_compat(leaf_id, cands, first=level)
                 if res.value == "MERGE":
                     return level
             return None
@@ -328,11 +413,15 @@ class SegTreeMem(HierarchicalMemory):
             return None
         return levels[int(res.value.split("_")[1]) - 1]
 
-    def _cosine_compat(self, leaf_id: int, cands: list[int]) -> int | None:
-        distinct = list(dict.fromkeys(cands))  # bottom-up; a repeated id is one node and its copies
+    def _cosine_compat(self, leaf_id: int, cands: list[int], first: int = 2) -> int | None:
+        """The paper's cosine model over the candidates at levels ``first..m``: the level of the most
+        similar annotation (the lowest of equal maxima) when its cosine is at least ``threshold``, else
+        ``None`` (NONE). ``cands[i]`` is level ``i + 2``."""
+        pool = cands[first - 2 :]
+        distinct = list(dict.fromkeys(pool))  # bottom-up; a repeated id is one node and its copies
         sims = self._vectors(distinct) @ self._vector(leaf_id)
         best = int(np.argmax(sims))  # the first of equal maxima: the lowest level
-        return cands.index(distinct[best]) + 2 if float(sims[best]) >= self.threshold else None
+        return pool.index(distinct[best]) + first if float(sims[best]) >= self.threshold else None
 
     # ------------------------------------------------------------------ retrieval (Algorithm 2)
     def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -111,3 +111,41 @@ def test_the_standard_query_finds_the_fact():
     assert "Luna" in docs[0].page_content
     docs = HierMemRetriever(memory=filled("hat"), k=3).invoke("Who is visiting for Easter?")
     assert len(docs) == 3 and "Clara is visiting" in docs[0].page_content
+
+
+# ---------------------------------------------------------------------------- XMemory (begin)
+@cache
+def filled_xmemory() -> HierarchicalMemory:
+    """An XMemory holding TEXTS, its last episode closed (built once per process)."""
+    from shared_core.models.local import LocalEmbedder
+    from shared_core.xmemory import XMemory
+
+    mem = XMemory(embedder=LocalEmbedder())
+    mem.add(TEXTS)
+    mem.flush()
+    return mem
+
+
+class TestXMemoryRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[BaseRetriever]:
+        return HierMemRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {"memory": filled_xmemory()}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "Where does my sister work?"
+
+
+def test_xmemory_returns_k_documents_with_the_fact_first():
+    """Every xMemory policy gives exactly k documents; the default one puts the right message first."""
+    docs = HierMemRetriever(memory=filled_xmemory(), k=3).invoke("Where does my sister work?")
+    assert len(docs) == 3 and "marine biologist in Brest" in docs[0].page_content
+    for policy in ("adaptive", "representative", "collapsed"):
+        assert len(HierMemRetriever(memory=filled_xmemory(), k=3, policy=policy).invoke("my sister")) == 3
+
+
+# ---------------------------------------------------------------------------- XMemory (end)

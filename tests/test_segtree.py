@@ -9,6 +9,7 @@ compatibility decisions; one end-to-end test uses the real local embedder.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable, Sequence
 
@@ -82,12 +83,15 @@ class FailingEmbedder(TopicEmbedder):
 class ScriptedSegTree(SegTreeMem):
     """SegTreeMem whose compatibility model C is a callable ``decide(text, candidate_ids) -> ℓ* | None``.
 
-    Like the real model, it is not consulted when there is no candidate (a single-leaf tree).
+    Like the real model, it is not consulted when there is no candidate (a single-leaf tree). A scripted
+    ``None`` is a NONE (the paper's Algorithm 1) unless the test passes a ``branching``: then it is
+    placed as a new segment while there is room, as the ``cosine`` model does.
     """
 
     decide: Callable[[str, list[int]], int | None] | None = None
 
     def __init__(self, *args, decide=None, **kw) -> None:
+        kw.setdefault("branching", None)
         super().__init__(*args, **kw)
         self.decide = decide
         self.seen_candidates: list[list[int]] = []
@@ -280,6 +284,13 @@ class ReferenceTree:
         return {(key(n), key(self.nodes[n[3]])) for n in self.nodes if n[3] is not None}
 
 
+def fanout_at(mem: SegTreeMem, F: Sequence[int], level: int) -> int:
+    """Children of the frontier node at ``level`` (``F`` from :meth:`SegTreeMem.frontier`); a level held by
+    an implicit single-child copy has one."""
+    node = mem._store.nodes[F[level - 1]]
+    return len(node.children) if node.level == level else 1
+
+
 def levelled_edges(mem: SegTreeMem) -> set[tuple[tuple[int, int, int], tuple[int, int, int]]]:
     """The edges of the stored tree with each level gap written out as single-child copies."""
     st_ = mem._store
@@ -297,12 +308,14 @@ def levelled_edges(mem: SegTreeMem) -> set[tuple[tuple[int, int, int], tuple[int
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), n=st.integers(1, 40))
-def test_invariants_hold_after_every_insert_for_any_decisions(data, n):
+@given(data=st.data(), n=st.integers(1, 40), branching=st.sampled_from([None, 2, 3, 8]))
+def test_invariants_hold_after_every_insert_for_any_decisions(data, n, branching):
     choice = lambda text, cands: data.draw(  # noqa: E731
         st.one_of(st.none(), st.integers(2, len(cands) + 1)), label="decision"
     )
-    mem = ScriptedSegTree(embedder=TopicEmbedder(), relevance="dense", decide=choice, summary_chars=80)
+    mem = ScriptedSegTree(
+        embedder=TopicEmbedder(), relevance="dense", decide=choice, summary_chars=80, branching=branching
+    )
     texts = [f"topic{i % 5} utterance {i}." for i in range(n)]
     ref = ReferenceTree()
     for i, t in enumerate(texts):
@@ -324,6 +337,14 @@ def test_invariants_hold_after_every_insert_for_any_decisions(data, n):
         elif before_frontier:
             assert mem._store.root not in before_frontier
             assert mem._store.nodes[mem._store.root].children[0] == before_frontier[-1]
+        if rep.details[0]["decision"].startswith("segment_"):  # a new segment: NONE from C, room at ℓ*
+            assert branching is not None and ell >= 3 and mem._store.nodes[leaf].level < parent.level - 1
+            assert len(parent.children) <= branching
+        if i and branching is not None and rep.details[0]["decision"] == "none":  # no room from level 3 up
+            full = [
+                fanout_at(mem, before_frontier, lv) >= branching for lv in range(3, len(before_frontier) + 1)
+            ]
+            assert all(full)
     # node count: leaves plus internal nodes; stats agree with the store and with Algorithm 1's tree
     s = mem.stats()
     assert s["nodes"] == len(mem._store.nodes) and s["leaves"] == n
@@ -508,7 +529,7 @@ def test_worst_case_all_none_is_quadratic():
 
 
 def test_cosine_compatibility_threshold_and_best_level():
-    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=0.5)
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=0.5, branching=None)
     r = mem.add(["topic1 one.", "topic1 two.", "topic1 three."])
     # x1 has no candidate -> new root; x2: the root (all topic1, cos 1) is compatible -> ℓ* = 2
     assert [d["attach_level"] for d in r.details] == [None, None, 2]
@@ -550,12 +571,250 @@ def test_cosine_threshold_is_inclusive_and_strict_threshold_always_splits():
     same = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.0)
     r = same.add(["topic3 a.", "topic3 b.", "topic3 c."])
     assert r.details[2]["attach_level"] == 2  # cos exactly 1 >= 1
-    never = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.01)
+    # nothing passes 1.01: with the paper's rule every utterance is a NONE (a cascade, App. C.3) ...
+    never = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.01, branching=None)
     texts = [f"topic3 t{i}." for i in range(5)]
     never.add(texts)
     assert never.stats()["tree_nodes"] == 15 and never.stats()["decisions"] == {"none": 4}
     assert never.stats()["nodes"] == 9  # 5 leaves and 4 roots; the 6 chain nodes are implicit
     check_invariants(never, texts)
+    # ... and by default x2 opens level 3 (no level >= 3 before it), then x3, x4 are new segments there
+    seg = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", threshold=1.01)
+    rep = seg.add(texts)
+    assert [d["decision"] for d in rep.details] == ["first", "none", "none", "segment_3", "segment_3"]
+    s = seg.stats()
+    assert (s["height"], s["nodes"], s["tree_nodes"]) == (3, 7, 10)  # 3 segments keep a level-2 copy
+    check_invariants(seg, texts)
+
+
+# --------------------------------------------------------------------------- new segments (branching)
+
+SEGMENT_TEXTS = [f"topic{t} {w}." for t, w in zip([1, 1, 2, 2, 3, 4, 4, 5, 6], "abcdefghi")]
+
+
+def test_new_segments_worked_by_hand():
+    """Nine utterances on topics 1 1 2 2 3 4 4 5 6 (a new topic has cosine 0 with every annotation
+    before it, the same topic a cosine of 1 with its copy), cosine model, B = 2.
+
+    Worked on paper (node ids in creation order, levels L, spans [l, r]):
+      x0: leaf 0.  x1: no candidate: NONE, root 2 (L2) = (0, 1).
+      x2: dissimilar, no frontier level >= 3: NONE, root 4 (L3) = (2, leaf 3); 3 keeps a copy at L2.
+      x3: cos 1 with the copy of 3: ℓ*=2, the copy is stored as 6 (L2) = (3, 5).
+      x4: dissimilar; F=(5, 6, 4) and 4 (L3) already has B = 2 children: NONE, root 8 (L4) = (4, 7).
+      x5: dissimilar; F=(7, 7', 7'', 8): the L3 copy of 7 has one child: a new segment, ℓ*=3; the copy
+          is stored as 10 (L3) = (7, 9), and 9 keeps a copy at L2, a segment of its own.
+      x6: cos 1 with the copy of 9: ℓ*=2, the copy is stored as 12 (L2) = (9, 11).
+      x7: dissimilar; F=(11, 12, 10, 8): 10 and 8 have two children each: NONE, root 14 (L5) = (8, 13).
+      x8: dissimilar; F=(13, 13', 13'', 13''', 14): the L3 copy of 13 takes it: 16 (L3) = (13, 15)
+          under 14, one implicit copy between.
+    The paper's rule (``branching=None``) makes x5 and x8 NONEs as well: height 7 instead of 5.
+    """
+    texts = SEGMENT_TEXTS
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", branching=2)
+    reps = [mem.add(Message(t, id=f"x{i}")) for i, t in enumerate(texts)]
+    assert [r.leaf_ids[0] for r in reps] == [0, 1, 3, 5, 7, 9, 11, 13, 15]
+    assert [r.details[0]["decision"] for r in reps] == [
+        "first",
+        "none",
+        "none",
+        "merge_2",
+        "none",
+        "segment_3",
+        "merge_2",
+        "none",
+        "segment_3",
+    ]
+    expected = {  # id: (parent, children, level, span)
+        14: (None, [8, 16], 5, (0, 8)),
+        8: (14, [4, 10], 4, (0, 6)),
+        16: (14, [13, 15], 3, (7, 8)),
+        4: (8, [2, 6], 3, (0, 3)),
+        10: (8, [7, 12], 3, (4, 6)),
+        2: (4, [0, 1], 2, (0, 1)),
+        6: (4, [3, 5], 2, (2, 3)),
+        12: (10, [9, 11], 2, (5, 6)),
+        0: (2, [], 1, (0, 0)),
+        1: (2, [], 1, (1, 1)),
+        3: (6, [], 1, (2, 2)),
+        5: (6, [], 1, (3, 3)),
+        7: (10, [], 1, (4, 4)),
+        9: (12, [], 1, (5, 5)),
+        11: (12, [], 1, (6, 6)),
+        13: (16, [], 1, (7, 7)),
+        15: (16, [], 1, (8, 8)),
+    }
+    st_ = mem._store
+    assert st_.root == 14
+    assert {i: (n.parent, n.children, n.level, n.span) for i, n in st_.nodes.items()} == expected
+    assert mem.frontier() == [15, 15, 16, 16, 14]
+    assert st_.nodes[10].text == "topic3 e. topic4 f. topic4 g."  # a group of two segments
+    assert st_.nodes[16].text == "topic5 h. topic6 i."
+    check_invariants(mem, texts)
+    s = mem.stats()
+    assert (s["height"], s["nodes"], s["tree_nodes"], s["implicit_chain_nodes"]) == (5, 17, 21, 4)
+    assert s["decisions"] == {"none": 4, "merge_2": 2, "segment_3": 2}
+    assert mem.to_dict()["config"]["branching"] == 2
+
+    paper = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", branching=None)
+    reps = [paper.add(Message(t, id=f"x{i}")) for i, t in enumerate(texts)]
+    assert [r.details[0]["decision"] for r in reps] == [
+        "first",
+        "none",
+        "none",
+        "merge_2",
+        "none",
+        "none",
+        "merge_2",
+        "none",
+        "none",
+    ]
+    expected_paper = {  # x4, x5, x7, x8 each put a new root over the whole tree
+        16: (None, [14, 15], 7, (0, 8)),
+        14: (16, [10, 13], 6, (0, 7)),
+        10: (14, [8, 12], 5, (0, 6)),
+        8: (10, [4, 7], 4, (0, 4)),
+        4: (8, [2, 6], 3, (0, 3)),
+        2: (4, [0, 1], 2, (0, 1)),
+        6: (4, [3, 5], 2, (2, 3)),
+        12: (10, [9, 11], 2, (5, 6)),
+        0: (2, [], 1, (0, 0)),
+        1: (2, [], 1, (1, 1)),
+        3: (6, [], 1, (2, 2)),
+        5: (6, [], 1, (3, 3)),
+        7: (8, [], 1, (4, 4)),
+        9: (12, [], 1, (5, 5)),
+        11: (12, [], 1, (6, 6)),
+        13: (14, [], 1, (7, 7)),
+        15: (16, [], 1, (8, 8)),
+    }
+    assert {
+        i: (n.parent, n.children, n.level, n.span) for i, n in paper._store.nodes.items()
+    } == expected_paper
+    check_invariants(paper, texts)
+    s = paper.stats()
+    assert (s["height"], s["nodes"], s["tree_nodes"]) == (7, 17, 30)
+    assert s["decisions"] == {"none": 6, "merge_2": 2}
+
+
+class RandomEmbedder:
+    """Mutually dissimilar random utterances: the token ``u<i>`` is a standard normal vector in 1,024
+    dimensions drawn from ``(seed, i)``; a text is the sum of the vectors of its tokens (a summary, the sum
+    of the utterances it keeps). Two different utterances have a cosine of standard deviation 1/32, so
+    reaching the 0.25 threshold is an 8-sigma event."""
+
+    dim = 1024
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def vector(self, text: str) -> np.ndarray:
+        v = np.zeros(self.dim)
+        for i in re.findall(r"u(\d+)", text):
+            v += np.random.default_rng([self.seed, int(i)]).standard_normal(self.dim)
+        return v.astype(np.float32)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self.vector(t) for t in texts])
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+def log_height(n: int, branching: int) -> int:
+    """``3 + floor(log_B(n - 2))`` for ``n >= 3`` (1 and 2 below), in integers."""
+    if n < 3:
+        return n
+    h = 3
+    while branching ** (h - 2) <= n - 2:
+        h += 1
+    return h
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), branching=st.integers(2, 6), n=st.integers(1, 50))
+def test_dissimilar_stream_grows_like_a_b_tree(seed, branching, n):
+    """Every utterance is dissimilar from everything before it: each one is a segment of its own, the
+    tree is a complete B-ary tree over them, and its height is ``3 + floor(log_B(T - 2))``, the bound the
+    class docstring claims, after every insert; the paper's rule makes the height ``T``."""
+    texts = [f"u{i}." for i in range(n)]
+    mem = SegTreeMem(embedder=RandomEmbedder(seed), relevance="dense", branching=branching)
+    for i, t in enumerate(texts):
+        rep = mem.add(t)
+        assert rep.details[0]["decision"] == "first" or not rep.details[0]["decision"].startswith("merge")
+        check_invariants(mem, texts[: i + 1])
+        assert mem.stats()["height"] == log_height(i + 1, branching)
+        assert max(len(x.children) for x in mem._store.nodes.values()) <= max(branching, 2)
+    # x0 and x1 share the first root; every later utterance is a segment of its own (a level-2 copy)
+    assert all(mem._store.nodes[mem._store.nodes[x].parent].level > 2 for x in mem._store.leaves()[2:])
+    paper = SegTreeMem(embedder=RandomEmbedder(seed), relevance="dense", branching=None)
+    paper.add(texts)
+    assert paper.stats()["height"] == n and paper.stats()["decisions"].get("none", 0) == n - 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    topics=st.lists(st.integers(0, 4), min_size=1, max_size=30),
+    threshold=st.sampled_from([0.3, 0.6, 0.8]),
+)
+def test_paper_option_is_the_papers_cosine_rule(topics, threshold):
+    """``branching=None``: every decision is the paper's cosine model computed here from the frontier's
+    annotations (the most similar candidate, the lowest of equal ones, when at least ``threshold``; else
+    NONE), and the tree is Algorithm 1's for those decisions."""
+    emb = TopicEmbedder()
+    mem = SegTreeMem(embedder=emb, relevance="dense", threshold=threshold, branching=None, summary_chars=80)
+    texts = [f"topic{t} note {i}." for i, t in enumerate(topics)]
+    ref = ReferenceTree()
+    for text in texts:
+        cands = mem.frontier()[1:]
+        want = None
+        if cands:
+            vecs = normalize_rows(emb.embed([mem._store.nodes[c].text for c in cands] + [text]))
+            sims = vecs[:-1] @ vecs[-1]
+            best = int(np.argmax(sims))
+            want = best + 2 if sims[best] >= threshold else None
+        rep = mem.add(text)
+        assert rep.details[0]["attach_level"] == want
+        assert rep.details[0]["decision"] in ("first", "none", f"merge_{want}")
+        ref.insert(want)
+        assert levelled_edges(mem) == ref.edges()
+    check_invariants(mem, texts)
+
+
+def test_saves_without_branching_load_with_the_papers_rule(tmp_path):
+    texts = ["topic1 a.", "topic1 b.", "topic2 c."]  # x2 is a NONE under either rule: height 3
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", branching=None)
+    mem.add(texts)
+    mem.save(tmp_path / "old")
+    snap = tmp_path / "old" / (tmp_path / "old" / "CURRENT").read_text().strip()
+    data = json.loads((snap / "memory.json").read_text())
+    del data["config"]["branching"]  # what a save made before the option holds
+    (snap / "memory.json").write_text(json.dumps(data))
+    old = SegTreeMem.load(tmp_path / "old", embedder=TopicEmbedder())
+    assert old.branching is None and old.to_dict()["config"]["branching"] is None
+    assert tree_of(old)["tree"] == tree_of(mem)["tree"]
+    # a dissimilar utterance: a new root, as when the save was made; a new memory starts a segment
+    assert old.add("topic3 d.").details[0]["decision"] == "none"
+    assert old.stats()["height"] == 4
+    fresh = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
+    fresh.add(texts)
+    assert fresh.add("topic3 d.").details[0]["decision"] == "segment_3"
+    assert fresh.stats()["height"] == 3
+    # saves made now keep their value, and the legacy value fills only a missing key
+    fresh.save(tmp_path / "new")
+    assert SegTreeMem.load(tmp_path / "new", embedder=TopicEmbedder()).branching == 8
+    assert SegTreeMem.stored_config({"threshold": 0.25})["branching"] is None
+    assert SegTreeMem.stored_config({"branching": 3})["branching"] == 3
+
+
+def test_branching_is_validated():
+    for bad in (0, 1, -4, 2.5, "8", True, float("nan")):
+        with pytest.raises(InvalidInputError, match="branching"):
+            SegTreeMem(embedder=TopicEmbedder(), branching=bad)
+    assert SegTreeMem(embedder=TopicEmbedder(), branching=np.int64(3)).branching == 3
+    assert SegTreeMem(embedder=TopicEmbedder()).branching == 8
+    assert SegTreeMem(embedder=TopicEmbedder(), branching=None).to_dict()["config"]["branching"] is None
 
 
 # --------------------------------------------------------------------------- Algorithm 2 by hand

@@ -214,14 +214,38 @@ def test_pointwise_llm_asks_bottom_up_and_stops_at_first_merge(llm, openai_serve
     check_invariants(mem)
 
 
-def test_pointwise_llm_unparseable_answer_falls_back_to_continue(llm, openai_server):
+def test_pointwise_llm_unparseable_answer_falls_back_to_cosine(llm, openai_server):
     router = Router(compat=["perhaps", "no idea"], default="CONTINUE")
+    mem = mem_with(llm, openai_server, router, "pointwise_llm", threshold=0.5)
+    mem.add(["topic1 a.", "topic1 b."])
+    # one candidate, the root (all topic1); two unusable answers: the cosine model (cos 1) merges it
+    r = mem.add("topic1 c.")
+    assert r.details[0]["attach_level"] == 2 and r.details[0]["decision"] == "merge_2"
+    assert len(router.prompts("pointwise")) == 2  # the question and exactly one retry
+    assert "could not be parsed" in router.prompts("pointwise")[1]
+    assert mem.stats()["decisions"]["parse_fallbacks"] == 1
+    # a new topic with unusable answers: nothing is similar enough, so the cosine model says NONE, as
+    # in the paper (branching is the cosine model's, not the LLM models')
+    router.compat.extend(["?", "??"])
+    r = mem.add("topic5 z.")
+    assert r.details[0]["decision"] == "none"
+    assert mem.stats()["decisions"]["parse_fallbacks"] == 2
+    check_invariants(mem)
+
+
+def test_pointwise_llm_fallback_skips_the_candidates_already_answered_continue(llm, openai_server):
+    router = Router(compat=["CONTINUE", "CONTINUE", "perhaps", "no idea"])
     mem = mem_with(llm, openai_server, router, "pointwise_llm")
     mem.add(["topic1 a.", "topic1 b."])
-    r = mem.add("topic1 c.")
-    assert r.details[0]["attach_level"] is None
-    assert len(router.prompts("pointwise")) == 2
-    assert mem.stats()["decisions"]["parse_fallbacks"] == 1
+    assert mem.add("topic2 c.").details[0]["decision"] == "none"  # the root: CONTINUE
+    # candidates: the copy of c (cos 1 with d), then the root "topic1 a. topic1 b. topic2 c." (cos
+    # 1/sqrt(5) = 0.45 >= 0.25). The copy is answered CONTINUE, the root twice unparseably: the cosine
+    # model over the root alone attaches d there, not to the copy the LLM turned down.
+    r = mem.add("topic2 d.")
+    assert r.details[0]["attach_level"] == 3
+    assert len(router.prompts("pointwise")) == 4
+    assert mem.stats()["decisions"] == {"none": 2, "merge_3": 1, "parse_fallbacks": 1}
+    check_invariants(mem)
 
 
 def _tall_frontier(mem: SegTreeMem) -> list[str]:

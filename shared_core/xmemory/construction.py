@@ -1,0 +1,709 @@
+"""xMemory construction: episodes from a boundary detector, semantics distilled and deduplicated, themes
+attached, split and merged by the sparsity-semantics objective, kNN graphs kept current; deletion.
+
+References:
+    xMemory Sec. 3.2 (hierarchy, attach/split/merge, kNN graphs), Sec. 5.3, Appendix B and C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import HierarchicalMemory
+from ..index import normalize_rows
+from ..models.parsing import complete_parsed, parse_json_object
+from ..prompts import xmemory as P
+from ..types import AddReport, InvalidInputError, Message, MessageLike, Usage, as_messages, check_finite
+from .knn import KNNGraph
+from .objective import _objective_from_stats, candidate_splits, theme_cohesion
+from .rules import central_facts, extract_facts_rule, parse_timestamp, render_messages
+
+__all__ = ["LEVEL_NAMES"]
+
+#: Node ``level`` -> name reported in hits (``metadata["level"]``).
+LEVEL_NAMES: dict[int, str] = {0: "message", 1: "episode", 2: "semantic", 3: "theme", 4: "root"}
+MESSAGE, EPISODE, SEMANTIC, THEME, ROOT = 0, 1, 2, 3, 4
+BOUNDARY_MODES = ("auto", "llm", "rule")
+
+
+# =========================================================================== derived structures
+@dataclasses.dataclass
+class _Derived:
+    """Structures derived from the node store and vectors; rebuilt after a rollback or a load."""
+
+    sem_ids: list[int]
+    sem_vec: dict[int, np.ndarray]
+    theme_stats: dict[int, tuple[int, float, np.ndarray]]  # size, cohesion, centroid (mean of unit rows)
+    sem_graph: KNNGraph
+    theme_graph: KNNGraph
+    _mat: np.ndarray | None = None
+
+    def sem_matrix(self) -> np.ndarray:
+        # sem_ids only grows while a cache lives (a deletion drops the cache), so the length tells
+        # whether the stacked matrix is current
+        if not self.sem_ids:
+            return np.zeros((0, 1), dtype=np.float32)
+        if self._mat is None or len(self._mat) != len(self.sem_ids):
+            self._mat = np.stack([self.sem_vec[i] for i in self.sem_ids])
+        return self._mat
+
+    def theme_matrix(self) -> tuple[list[int], np.ndarray]:
+        ids = sorted(self.theme_stats)
+        if not ids:
+            return ids, np.zeros((0, 1))
+        return ids, normalize_rows(np.stack([self.theme_stats[t][2] for t in ids]).astype(np.float32))
+
+
+class _XMemoryConstruction(HierarchicalMemory):
+    """The construction half of :class:`~shared_core.xmemory.XMemory` (see there)."""
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self._counts[key] = self._counts.get(key, 0) + n
+
+    @property
+    def boundary_mode(self) -> str:
+        """The boundary detector in use: ``"llm"`` or ``"rule"``."""
+        if self.boundary == "auto":
+            return "llm" if self.llm is not None else "rule"
+        return self.boundary
+
+    # ------------------------------------------------------------------ store helpers
+    def _ids_at(self, level: int) -> list[int]:
+        return sorted(i for i, n in self._store.nodes.items() if n.level == level and not n.is_leaf)
+
+    def _messages(self, ep: int) -> list[Message]:
+        st = self._store
+        return [st.nodes[c].message for c in st.nodes[ep].children if st.nodes[c].message is not None]
+
+    def _leaves_of(self, ep: int) -> list[int]:
+        st = self._store
+        return [c for c in st.nodes[ep].children if st.nodes[c].message is not None]
+
+    def _fact_messages(self, s: int) -> list[int]:
+        """Leaf ids of the messages semantic ``s`` was distilled from.
+
+        Its ``messages`` list; for a semantic saved before that list existed, the messages of its linked
+        episodes that contain its sentence (a rule fact), else all of them (an LLM-written fact).
+        """
+        st = self._store
+        node = st.nodes[s]
+        if "messages" in node.data:
+            return [m for m in self._links(s, "messages") if m in st.nodes]
+        leaves = [m for e in self._links(s, "episodes") if e in st.nodes for m in self._leaves_of(e)]
+        sentence = node.text.split("] ", 1)[-1].split(": ", 1)[-1]
+        exact = [m for m in leaves if sentence and sentence in st.nodes[m].text]
+        return exact or leaves
+
+    def _links(self, nid: int, key: str) -> list[int]:
+        return [int(x) for x in self._store.nodes[nid].data.get(key, [])]
+
+    def _derived(self) -> _Derived:
+        if self._cache is not None:
+            return self._cache
+        st = self._store
+        sem_ids = self._ids_at(SEMANTIC)
+        sem_vec: dict[int, np.ndarray] = {}
+        fresh = [i for i in sem_ids if i in self._pending or i in st.changed]
+        stored = [i for i in sem_ids if i not in self._pending and i not in st.changed]
+        if stored:
+            assert self._index is not None
+            sem_vec.update(zip(stored, np.asarray(self._index.get(stored), dtype=np.float32)))
+        for i in fresh:
+            sem_vec[i] = np.asarray(self._vector(i), dtype=np.float32)
+        d = _Derived(sem_ids, sem_vec, {}, KNNGraph(self.knn_k), KNNGraph(self.knn_k))
+        for t in self._ids_at(THEME):
+            members = [c for c in st.nodes[t].children if c in sem_vec]
+            if members:
+                d.theme_stats[t] = self._stats_of(d, members)
+        if sem_ids:
+            d.sem_graph.rebuild(sem_ids, d.sem_matrix())
+        tids, tmat = d.theme_matrix()
+        if tids:
+            d.theme_graph.rebuild(tids, tmat)
+        self._cache = d
+        return d
+
+    @staticmethod
+    def _stats_of(d: _Derived, members: Sequence[int]) -> tuple[int, float, np.ndarray]:
+        coh, mu = theme_cohesion(np.stack([d.sem_vec[m] for m in members]))
+        return len(members), coh, mu
+
+    def _ensure_root(self) -> int:
+        st = self._store
+        if st.root is None:
+            root = st.new_node(level=ROOT)
+            st.set_root(root.id)
+        assert st.root is not None
+        return st.root
+
+    # ------------------------------------------------------------------ construction
+    def add(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
+        """Add messages in order (see :meth:`HierarchicalMemory.add`).
+
+        The texts of all given messages are embedded in one batched call before they are inserted one
+        by one (online: each boundary decision only sees the messages before it).
+
+        Args:
+            items: a string, a :class:`Message`, or an iterable of them (inserted in order).
+
+        Returns:
+            :class:`AddReport`; ``details[i]`` says whether message i closed an episode (``boundary``,
+            ``boundary_by``: ``llm`` / ``gap`` / ``drift`` / ``cap`` / ``rule``) and what the closed
+            episode produced (``semantics_created``, ``semantics_merged``, ``facts``).
+
+        Raises:
+            InvalidInputError, EmbeddingError, ModelError: as :meth:`HierarchicalMemory.add`; the memory is
+                then unchanged.
+        """
+        messages = as_messages(items)
+        self._prefetch = [m.render() for m in messages]
+        try:
+            return super().add(messages)
+        finally:
+            self._prefetch = None
+
+    def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
+        st = self._store
+        if self._prefetch:
+            self._embed(self._prefetch, usage)  # one batched call; _embed reuses these vectors
+            self._prefetch = None
+        root = self._ensure_root()
+        text = message.render()  # "speaker: text", as every hiermem memory indexes a message
+        leaf = st.new_node(text=text, is_leaf=True, message=message, level=MESSAGE)
+        vec = self._embed([text], usage)[0]
+        self._set_vector(leaf.id, vec)
+        detail: dict[str, Any] = {"boundary": False}
+        ep = self._open
+        if ep is not None and st.nodes[ep].children:
+            cut, reason, how = self._detect_boundary(ep, message, vec, usage)
+            detail.update(boundary=cut, boundary_by=how)
+            if cut:
+                self._count(f"boundary_{how}")
+                detail["closed_episode"] = ep
+                detail.update(self._close_episode(ep, reason, usage))
+                ep = None
+        if ep is None:
+            ep = st.new_node(level=EPISODE, data={"open": True, "raw": True}).id
+            st.add_child(root, ep)
+            self._open = ep
+            self._count("episodes_opened")
+        st.add_child(ep, leaf.id)
+        st.refresh_span(ep)
+        st.set_text(ep, render_messages(self._messages(ep)))
+        st.refresh_span(root)
+        detail["episode"] = ep
+        return detail
+
+    def flush(self) -> AddReport:
+        """Close the open episode now: write its record, distil its semantics, update the themes.
+
+        Atomic like :meth:`add` (any error leaves the memory unchanged). Does nothing when no episode is
+        open.
+
+        Returns:
+            :class:`AddReport` (no new leaves; ``details`` has one entry describing the closed episode).
+
+        References:
+            xMemory Sec. 3.2 (episode -> semantic -> theme construction).
+        """
+        report = AddReport()
+        with self._lock:
+            if self._open is None or self._open not in self._store.nodes:
+                return report
+            t0 = time.perf_counter()
+            self._begin(report.usage)
+            try:
+                ep = self._open
+                details = {"closed_episode": ep, **self._close_episode(ep, "end of the stream", report.usage)}
+                report.details.append(details)
+                self._embed_pending(report.usage)
+                self._commit()
+            except BaseException:
+                self._rollback()
+                raise
+            self._record_seconds(report.usage, time.perf_counter() - t0)
+        return report
+
+    # ---- boundary detection
+    def _detect_boundary(
+        self, ep: int, message: Message, vec: np.ndarray, usage: Usage
+    ) -> tuple[bool, str, str]:
+        st = self._store
+        children = list(st.nodes[ep].children)
+        if len(children) >= self.max_episode_messages:
+            return True, f"the episode reached {self.max_episode_messages} messages", "cap"
+        if self.boundary_mode == "llm":
+            assert self.llm is not None
+            prompt = P.BOUNDARY_USER.format(
+                history=render_messages(self._messages(ep)),
+                new_messages=render_messages([message]),
+                max_messages=self.max_episode_messages,
+            )
+            res = complete_parsed(
+                self.llm,
+                prompt,
+                _parse_boundary,
+                system=P.BOUNDARY_SYSTEM,
+                max_tokens=128,
+                fallback=None,
+            )
+            usage += res.usage
+            if res.ok and res.value is not None:
+                cut, reason = res.value
+                return cut, reason or "topic change", "llm"
+            self._count("boundary_parse_fallbacks")
+        prev = st.nodes[children[-1]].message
+        t_prev = parse_timestamp(prev.timestamp if prev is not None else None)
+        t_new = parse_timestamp(message.timestamp)
+        if t_prev is not None and t_new is not None:
+            gap = abs((t_new - t_prev).total_seconds()) / 60.0
+            if gap > self.time_gap_minutes:
+                return True, f"{gap:.0f} minutes passed since the previous message", "gap"
+        if len(children) >= self.min_episode_messages:
+            centroid = normalize_rows(np.mean(self._vectors(children), axis=0, keepdims=True))[0]
+            cos = float(centroid @ vec)
+            if cos < self.drift_threshold:
+                return True, f"topic drift (cosine {cos:.2f} to the episode)", "drift"
+        return False, "", "rule"
+
+    # ---- closing an episode
+    def _close_episode(self, ep: int, reason: str, usage: Usage) -> dict[str, Any]:
+        st = self._store
+        leaves = self._leaves_of(ep)
+        msgs = [st.nodes[c].message for c in leaves]
+        st.set_data(ep, "open", False)
+        if self._open == ep:
+            self._open = None
+        self._count("episodes")
+        # 1. the episode record
+        record = None
+        if self.llm is not None:
+            prompt = P.EPISODE_USER.format(
+                conversation=render_messages(msgs), boundary_reason=reason or "not given"
+            )
+            res = complete_parsed(
+                self.llm, prompt, _parse_episode, system=P.EPISODE_SYSTEM, max_tokens=1024, fallback=None
+            )
+            usage += res.usage
+            record = res.value if res.ok else None
+            if record is None:
+                self._count("episode_parse_fallbacks")
+        if record is not None:
+            st.set_text(ep, f"{record['title']}\n{record['content']}")
+            st.set_data(ep, "raw", False)
+            st.set_data(ep, "title", record["title"])
+            if record.get("timestamp"):
+                st.set_data(ep, "timestamp", record["timestamp"])
+        else:
+            st.set_text(ep, render_messages(msgs))
+            st.set_data(ep, "raw", True)
+            if msgs and msgs[0].timestamp:
+                st.set_data(ep, "timestamp", msgs[0].timestamp)
+        # 2. semantic facts
+        facts: list[tuple[str, str, list[int]]] | None = None
+        if self.llm is not None:
+            prompt = P.SEMANTIC_USER.format(episodes=st.nodes[ep].text, max_facts=self.max_facts)
+            parse = _facts_parser(self.max_facts)
+            res2 = complete_parsed(
+                self.llm, prompt, parse, system=P.SEMANTIC_SYSTEM, max_tokens=1024, fallback=None
+            )
+            usage += res2.usage
+            if res2.ok and res2.value is not None:
+                facts = [(f, f, leaves) for f in res2.value]  # from the episode as a whole
+            else:
+                self._count("semantic_parse_fallbacks")
+        if facts is None:
+            facts = [(t, k, [leaves[j]]) for t, k, j in extract_facts_rule(msgs, self.max_facts)]
+        linked, created, merged = self._add_semantics(ep, facts, usage)
+        # 3. place the episode under its primary semantic
+        if linked:
+            st.detach(ep)
+            st.add_child(linked[0], ep)
+        else:
+            self._count("unfiled_episodes")
+        st.set_data(ep, "semantics", list(linked))
+        themes_touched = {st.nodes[s].parent for s in created if st.nodes[s].parent is not None}
+        for s in linked:
+            self._refresh_semantic_span(s)
+        # 4. theme maintenance
+        themes_touched = self._restructure({t for t in themes_touched if t is not None}, usage)
+        self._finish_themes(themes_touched, usage)
+        for t in {st.nodes[s].parent for s in linked} - themes_touched:  # spans grown by a merged fact
+            if t is not None:
+                st.refresh_span(t)
+        st.refresh_span(self._ensure_root())
+        return {"semantics_created": len(created), "semantics_merged": merged, "facts": len(facts)}
+
+    def _add_semantics(
+        self, ep: int, facts: list[tuple[str, str, list[int]]], usage: Usage
+    ) -> tuple[list[int], list[int], int]:
+        """Deduplicate facts against existing semantics, create the new ones and attach them to themes.
+
+        ``facts`` are ``(text, key, sources)``: the stored text, the embedded text and the leaf ids of the
+        messages the fact comes from (kept in the semantic's ``messages``, extended on a merge).
+        """
+        st = self._store
+        facts = [(t.strip(), k.strip(), src) for t, k, src in facts if t.strip() and k.strip()]
+        if not facts:
+            return [], [], 0
+        d = self._derived()
+        vecs = self._embed([k for _, k, _ in facts], usage)
+        linked: list[int] = []
+        created: list[int] = []
+        merged = 0
+        for (text, _, sources), v in zip(facts, vecs):
+            target = None
+            if d.sem_ids:
+                sims = d.sem_matrix() @ v
+                j = int(np.argmax(sims))
+                if float(sims[j]) >= self.dedup_threshold:
+                    target = d.sem_ids[j]
+            if target is not None:
+                eps_ = self._links(target, "episodes")
+                if ep not in eps_:
+                    st.set_data(target, "episodes", [*eps_, ep])
+                if "messages" in st.nodes[target].data:
+                    known = self._links(target, "messages")
+                    st.set_data(target, "messages", [*known, *(m for m in sources if m not in known)])
+                merged += 1
+                self._count("semantic_merges")
+                if target not in linked:
+                    linked.append(target)
+                continue
+            node = st.new_node(
+                text=text, level=SEMANTIC, data={"episodes": [ep], "messages": list(sources), "moves": 0}
+            )
+            self._set_vector(node.id, v)
+            d.sem_ids.append(node.id)
+            d.sem_vec[node.id] = np.asarray(v, dtype=np.float32)
+            self._attach_to_theme(node.id, d)
+            created.append(node.id)
+            linked.append(node.id)
+            self._count("semantics_created")
+        if created:
+            d.sem_graph.upsert(d.sem_ids, d.sem_matrix(), created)
+        return linked, created, merged
+
+    def _attach_to_theme(self, sid: int, d: _Derived) -> int:
+        st = self._store
+        v = d.sem_vec[sid]
+        tids, tmat = d.theme_matrix()
+        target = None
+        if tids:
+            sims = tmat @ v
+            j = int(np.argmax(sims))
+            if float(sims[j]) >= self.attach_threshold:
+                target = tids[j]
+        if target is None:
+            target = st.new_node(level=THEME).id
+            st.add_child(self._ensure_root(), target)
+            self._count("themes_created")
+        st.add_child(target, sid)
+        d.theme_stats[target] = self._stats_of(d, st.nodes[target].children)
+        return target
+
+    def _objective_with(self, d: _Derived, replace: Mapping[int, list[list[int]]]) -> float:
+        """``f(P)`` of the current partition with some themes replaced by lists of member groups."""
+        sizes, cohs, cents = [], [], []
+        for t, (n, c, mu) in d.theme_stats.items():
+            if t in replace:
+                continue
+            sizes.append(n)
+            cohs.append(c)
+            cents.append(mu)
+        for groups in replace.values():
+            for g in groups:
+                if not g:
+                    continue
+                n, c, mu = self._stats_of(d, g)
+                sizes.append(n)
+                cohs.append(c)
+                cents.append(mu)
+        return _objective_from_stats(sizes, cohs, np.stack(cents), self.eps)
+
+    def _restructure(self, touched: set[int], usage: Usage) -> set[int]:
+        """Split overcrowded and merge tiny themes among ``touched``; return every theme left touched."""
+        st = self._store
+        d = self._derived()
+        touched = {t for t in touched if t in st.nodes}
+        work = sorted(t for t in touched if len(st.nodes[t].children) > self.theme_size_cap)
+        while self.split and work:
+            t = work.pop(0)
+            members = list(st.nodes[t].children)
+            if len(members) <= self.theme_size_cap:
+                continue
+            X = np.stack([d.sem_vec[m] for m in members])
+            best, best_f = None, -math.inf
+            for labels in candidate_splits(X):
+                groups = [[m for m, lab in zip(members, labels) if lab == g] for g in range(labels.max() + 1)]
+                f = self._objective_with(d, {t: groups})
+                if f > best_f:
+                    best, best_f = groups, f
+            assert best is not None
+            new_themes = self._apply_split(t, best, d)
+            self._count("theme_splits")
+            touched.update(new_themes)
+            work.extend(x for x in new_themes if len(st.nodes[x].children) > self.theme_size_cap)
+        if self.merge:
+            for t in sorted(touched):
+                if t not in st.nodes or t not in d.theme_stats:
+                    continue
+                if len(st.nodes[t].children) > self.tiny_theme_size:
+                    continue
+                target = self._choose_merge(t, d)
+                if target is not None:
+                    self._apply_merge(t, target, d)
+                    self._count("theme_merges")
+                    touched.add(target)
+        return {t for t in touched if t in st.nodes}
+
+    def _apply_split(self, t: int, groups: list[list[int]], d: _Derived) -> list[int]:
+        st = self._store
+        groups = sorted(groups, key=lambda g: (-len(g), min(g)))  # the largest part keeps the theme node
+        out = [t]
+        for g in groups[1:]:
+            nt = st.new_node(level=THEME).id
+            st.add_child(self._ensure_root(), nt)
+            for s in g:
+                self._move_semantic(s, nt)
+            d.theme_stats[nt] = self._stats_of(d, g)
+            out.append(nt)
+        d.theme_stats[t] = self._stats_of(d, groups[0])
+        return out
+
+    def _choose_merge(self, t: int, d: _Derived) -> int | None:
+        st = self._store
+        tids, tmat = d.theme_matrix()
+        if len(tids) < 2:
+            return None
+        me = tids.index(t)
+        sims = tmat @ tmat[me]
+        sims[me] = -np.inf
+        order = [int(j) for j in np.argsort(-sims, kind="stable")[: self.merge_candidates]]
+        n_t = len(st.nodes[t].children)
+        best, best_f = None, -math.inf
+        for j in order:
+            u = tids[j]
+            if float(sims[j]) < self.merge_threshold:
+                continue
+            if n_t + len(st.nodes[u].children) > self.theme_size_cap:
+                continue
+            groups = [list(st.nodes[u].children) + list(st.nodes[t].children)]
+            f = self._objective_with(d, {t: [], u: groups})
+            if f > best_f:
+                best, best_f = u, f
+        return best
+
+    def _apply_merge(self, t: int, target: int, d: _Derived) -> None:
+        st = self._store
+        for s in list(st.nodes[t].children):
+            self._move_semantic(s, target)
+        st.detach(t)
+        st.delete_node(t)
+        d.theme_stats.pop(t, None)
+        d.theme_stats[target] = self._stats_of(d, st.nodes[target].children)
+
+    def _move_semantic(self, s: int, theme: int) -> None:
+        st = self._store
+        st.detach(s)
+        st.add_child(theme, s)
+        st.set_data(s, "moves", int(st.nodes[s].data.get("moves", 0)) + 1)
+
+    def _finish_themes(self, touched: set[int], usage: Usage) -> None:
+        """Re-summarise touched themes, refresh their spans and update the theme kNN graph."""
+        st = self._store
+        d = self._derived()
+        live = sorted(t for t in touched if t in st.nodes)
+        for t in live:
+            self._summarize_theme(t, usage)
+            st.refresh_span(t)
+        tids, tmat = d.theme_matrix()
+        gone = [t for t in list(d.theme_graph.rows) if t not in d.theme_stats]
+        if gone:
+            d.theme_graph.remove(gone, tids, tmat)
+        if live:
+            d.theme_graph.upsert(tids, tmat, live)
+
+    def _summarize_theme(self, t: int, usage: Usage) -> None:
+        st = self._store
+        texts = [st.nodes[s].text for s in st.nodes[t].children if st.nodes[s].text]
+        if not texts:
+            return
+        if len(texts) == 1:
+            st.set_text(t, texts[0])
+            return
+        if self.llm is None and not self._custom_summarizer:
+            d = self._derived()
+            members = [s for s in st.nodes[t].children if st.nodes[s].text]
+            vecs = np.stack([d.sem_vec[s] for s in members])
+            st.set_text(t, central_facts(texts, vecs, self.summary_chars))
+            return
+        text, u = self.summarizer.summarize(texts)
+        usage += u
+        st.set_text(t, text)
+
+    def _refresh_semantic_span(self, s: int) -> None:
+        st = self._store
+        spans = [st.nodes[e].span for e in self._links(s, "episodes") if e in st.nodes]
+        if spans:
+            st.set_span(s, (min(a for a, _ in spans), max(b for _, b in spans)))
+
+    # ------------------------------------------------------------------ deletion
+    def _unlink_episode(self, e: int, s: int) -> None:
+        """Drop semantic ``s`` from episode ``e``'s links; ``e`` moves under its next semantic (or the
+        root) when it hung under ``s``."""
+        st = self._store
+        sems = [x for x in self._links(e, "semantics") if x != s]
+        st.set_data(e, "semantics", sems)
+        if st.nodes[e].parent == s:
+            st.detach(e)
+            st.add_child(sems[0] if sems else self._ensure_root(), e)
+
+    def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
+        st = self._store
+        episodes: set[int] = set()
+        for lid in leaves:
+            if lid not in st.nodes:
+                continue
+            ep = st.nodes[lid].parent
+            st.detach(lid)
+            st.delete_node(lid)
+            if ep is not None:
+                episodes.add(ep)
+        themes: set[int] = set()
+        semantics: set[int] = set()
+        for ep in sorted(episodes):
+            if ep not in st.nodes:
+                continue
+            sems = self._links(ep, "semantics")
+            semantics.update(sems)
+            if st.nodes[ep].children:
+                msgs = self._messages(ep)
+                if st.nodes[ep].data.get("raw", True) or self.llm is None:
+                    st.set_text(ep, render_messages(msgs))
+                    st.set_data(ep, "raw", True)
+                else:
+                    prompt = P.EPISODE_USER.format(
+                        conversation=render_messages(msgs), boundary_reason="rewritten after a deletion"
+                    )
+                    res = complete_parsed(
+                        self.llm,
+                        prompt,
+                        _parse_episode,
+                        system=P.EPISODE_SYSTEM,
+                        max_tokens=1024,
+                        fallback=None,
+                    )
+                    usage += res.usage
+                    if res.ok and res.value is not None:
+                        st.set_text(ep, f"{res.value['title']}\n{res.value['content']}")
+                    else:
+                        st.set_text(ep, render_messages(msgs))
+                        st.set_data(ep, "raw", True)
+                st.refresh_span(ep)
+                continue
+            for s in sems:
+                if s in st.nodes:
+                    st.set_data(s, "episodes", [e for e in self._links(s, "episodes") if e != ep])
+            st.detach(ep)
+            st.delete_node(ep)
+            if self._open == ep:
+                self._open = None
+        for s in sorted(semantics):
+            if s not in st.nodes:
+                continue
+            if "messages" in st.nodes[s].data:  # a fact lives as long as a message it comes from
+                sources = [m for m in self._links(s, "messages") if m in st.nodes]
+                st.set_data(s, "messages", sources)
+                holders = {st.nodes[m].parent for m in sources}
+                kept = [e for e in self._links(s, "episodes") if e in holders]
+                for e in self._links(s, "episodes"):
+                    if e not in kept and e in st.nodes:
+                        self._unlink_episode(e, s)
+                st.set_data(s, "episodes", kept)
+            if not self._links(s, "episodes"):
+                parent = st.nodes[s].parent
+                st.detach(s)
+                st.delete_node(s)
+                if parent is not None:
+                    themes.add(parent)
+            else:
+                # episodes whose primary semantic survives keep their place; refresh the span
+                self._refresh_semantic_span(s)
+                if st.nodes[s].parent is not None:
+                    themes.add(st.nodes[s].parent)
+        for t in sorted(themes):
+            if t not in st.nodes:
+                continue
+            if not st.nodes[t].children:
+                st.detach(t)
+                st.delete_node(t)
+            else:
+                self._summarize_theme(t, usage)
+                st.refresh_span(t)
+        root = st.root
+        if root is not None and root in st.nodes:
+            if not st.nodes[root].children:
+                st.delete_node(root)
+            else:
+                st.refresh_span(root)
+        self._cache = None
+
+
+# =========================================================================== parsers and checks
+def _parse_boundary(text: str) -> tuple[bool, str]:
+    obj = parse_json_object(text)
+    b = obj.get("boundary")
+    if not isinstance(b, bool):
+        raise ValueError('The field "boundary" must be true or false (a JSON boolean).')
+    reason = obj.get("reason", "")
+    if not isinstance(reason, str):
+        raise ValueError('The field "reason" must be a string.')
+    return b, reason.strip()
+
+
+def _parse_episode(text: str) -> dict[str, str]:
+    obj = parse_json_object(text)
+    out: dict[str, str] = {}
+    for key in ("title", "content"):
+        v = obj.get(key)
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError(f'The field "{key}" must be a non-empty string.')
+        out[key] = v.strip()
+    ts = obj.get("timestamp")
+    if ts is not None:
+        if not isinstance(ts, str):
+            raise ValueError('The field "timestamp" must be a string in YYYY-MM-DDTHH:MM:SS format.')
+        out["timestamp"] = ts.strip()
+    return out
+
+
+def _facts_parser(max_facts: int) -> Any:
+    def parse(text: str) -> list[str]:
+        obj = parse_json_object(text)
+        facts = obj.get("facts")
+        if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+            raise ValueError('The field "facts" must be a JSON list of strings.')
+        clean = list(dict.fromkeys(f.strip() for f in facts if f.strip()))
+        return clean[:max_facts]
+
+    return parse
+
+
+def _pos_int(x: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or int(x) < minimum:
+        raise InvalidInputError(f"{name} must be an integer >= {minimum}, got {x!r}.")
+    return int(x)
+
+
+def _cosine(x: Any, name: str) -> float:
+    v = check_finite(x, name)
+    if not -1.0 <= v <= 1.0:
+        raise InvalidInputError(f"{name} is a cosine and must be in [-1, 1], got {v}.")
+    return v
