@@ -45,6 +45,7 @@ __all__ = [
     "ADMISSIBLE",
     "RELEVANCE_KINDS",
     "HierarchicalMemory",
+    "TokenBudget",
     "check_choice",
     "check_message",
     "count_tokens",
@@ -75,6 +76,37 @@ def count_tokens(text: str) -> int:
     from .eval.metrics import count_tokens as _count
 
     return _count(text)
+
+
+class TokenBudget:
+    """A greedy budget of returned text: a text is taken when it fits in what is left.
+
+    The rule of ``retrieve(max_tokens=...)``: candidates are walked best first and one that would exceed
+    the budget is skipped (the walk goes on, a shorter one may still fit). Policies that pick their own
+    candidates walk with the same rule, so a budget never leaves a retrieval short of candidates.
+
+    Args:
+        max_tokens: the budget in tokens (:func:`count_tokens`), or ``None`` for no budget.
+    """
+
+    def __init__(self, max_tokens: int | None) -> None:
+        self.max_tokens = max_tokens
+        self.used = 0
+
+    def take(self, text: str) -> bool:
+        """Whether ``text`` fits in what is left; when it does, it is counted as used."""
+        if self.max_tokens is None:
+            return True
+        t = count_tokens(text)
+        if self.used + t > self.max_tokens:
+            return False
+        self.used += t
+        return True
+
+    @property
+    def spent(self) -> bool:
+        """Whether nothing more can fit (only under a budget)."""
+        return self.max_tokens is not None and self.used >= self.max_tokens
 
 
 class HierarchicalMemory(abc.ABC):
@@ -173,6 +205,7 @@ class HierarchicalMemory(abc.ABC):
         self._state_snapshot: Any = None
         self._index_created = False  # the open transaction created the index
         self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
+        self._max_tokens: int | None = None  # the budget of the retrieve under way
         self._version = 0  # bumped on every commit; caches key on it
         self._durable: Any = None  # a shared_core.stores.Store when a store is attached
         if store is not None:
@@ -720,7 +753,9 @@ class HierarchicalMemory(abc.ABC):
     ) -> list[tuple[int, float, dict[str, Any]]]:
         """Candidates best first (ties by node id), one per distinct text, over the admissible positions.
 
-        Returns at most ``3k + 8`` candidates, room for hits a ``max_tokens`` budget skips.
+        Returns at least ``3k + 8`` candidates when there are that many (room for repeated texts);
+        under the ``max_tokens`` budget of the retrieve under way, as many more as it takes until ``k``
+        of them fit in the budget together (walked as :meth:`_to_hits` does) or the budget is spent.
 
         Args:
             ids: node ids ``int64 (n,)``; scores: ``float (n,)``; k: the hit budget.
@@ -732,13 +767,16 @@ class HierarchicalMemory(abc.ABC):
         nodes = self._store.nodes
         out: list[tuple[int, float, dict[str, Any]]] = []
         seen: set[str] = set()
+        budget = TokenBudget(self._max_tokens)
+        fitting = 0
         for j in order.tolist():
             text = nodes[int(ids[j])].text
             if text in seen:  # e.g. a single-child node repeats its child's text
                 continue
             seen.add(text)
             out.append((int(ids[j]), float(scores[j]), dict(meta)))
-            if len(out) >= 3 * k + 8:
+            fitting += budget.take(text)
+            if len(out) >= 3 * k + 8 and (fitting >= k or budget.spent or budget.max_tokens is None):
                 break
         return out
 
@@ -800,7 +838,11 @@ class HierarchicalMemory(abc.ABC):
             self._sync_store()
             if self._store.root is None:
                 return []
-            cands = self._retrieve(query, policy, int(k), **params)
+            self._max_tokens = None if max_tokens is None else int(max_tokens)
+            try:
+                cands = self._retrieve(query, policy, int(k), **params)
+            finally:
+                self._max_tokens = None
             return self._to_hits(cands, int(k), max_tokens)
 
     async def aretrieve(
@@ -822,18 +864,15 @@ class HierarchicalMemory(abc.ABC):
         hits: list[Hit] = []
         seen: set[str] = set()
         taken: set[int] = set()
-        used = 0
+        budget = TokenBudget(max_tokens)
         for nid, score, meta in cands:
             node = self._store.nodes.get(int(nid))
             if node is None or not node.text or node.text in seen:
                 continue
             if meta.get("stands_for") in taken:
                 continue
-            if max_tokens is not None:
-                t = count_tokens(node.text)
-                if used + t > max_tokens:
-                    continue
-                used += t
+            if not budget.take(node.text):
+                continue
             seen.add(node.text)
             taken.add(int(nid))
             hits.append(self.hit(int(nid), float(score), meta))

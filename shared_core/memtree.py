@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import ADMISSIBLE, HierarchicalMemory, check_choice
+from .base import ADMISSIBLE, HierarchicalMemory, TokenBudget, check_choice
 from .models.base import LLM, Embedder, Summarizer
 from .models.llm_summarizer import LLMSummarizer, render_children
 from .prompts import fence
@@ -793,16 +793,20 @@ class MemTree(HierarchicalMemory):
     def _select(
         self, ids: np.ndarray, scores: np.ndarray, k: int, threshold: float, max_context: int
     ) -> list[tuple[int, float]]:
-        """Best first above ``threshold``, distinct texts, at most ``k`` and ``max_context`` characters."""
+        """Best first above ``threshold``, distinct texts, at most ``k``, ``max_context`` characters and
+        the ``max_tokens`` budget of the retrieve under way."""
         st = self._store
         out: list[tuple[int, float]] = []
         seen: set[str] = set()
         used = 0
+        budget = TokenBudget(self._max_tokens)
         keep = np.nonzero(scores >= threshold)[0]
         for j in keep[np.lexsort((ids[keep], -scores[keep]))].tolist():
             nid = int(ids[j])
             text = st.nodes[nid].text
             if not text or text in seen or used + len(text) > max_context:
+                continue
+            if not budget.take(text):
                 continue
             seen.add(text)
             used += len(text)
