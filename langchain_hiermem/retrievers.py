@@ -57,13 +57,18 @@ class HierMemRetriever(BaseRetriever):
         max_tokens: optional budget of returned text in tokens (as ``shared_core.base.count_tokens``
             counts); default ``None`` (no budget).
         search_kwargs: the policy's parameters for every call, e.g. ``{"alpha": 0.1, "horizon": 2}``;
-            default ``{}``. Keyword arguments of ``invoke`` override them.
+            default ``{}``. Keyword arguments of ``invoke`` override them. ``filter`` (LangChain's
+            name; ``where`` is the core's) restricts hits to messages whose metadata match, e.g.
+            ``{"user": "ann", "turn": {"$gte": 10}}``, and ``time_range=(start, end)`` to messages
+            said in that range (ISO-8601 strings or datetimes); both apply before top-k, and a summary
+            comes back only when every message under it passes (see ``shared_core.filters``).
 
     Returns (from ``invoke``):
         Documents best first, ``page_content`` = node text, metadata as :func:`hit_to_document` gives.
 
     Raises:
-        InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``.
+        InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, an invalid ``filter`` or
+            ``time_range``, or both ``filter`` and ``where``.
         UnknownPolicyError: a policy the memory does not have.
         LLMRequiredError: an LLM-only policy on a memory without an LLM.
 
@@ -90,6 +95,10 @@ class HierMemRetriever(BaseRetriever):
     def _params(self, k: int | None, policy: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         params = {**self.search_kwargs}
         params.update({n: v for n, v in kwargs.items() if n not in _LANGCHAIN_KWARGS})
+        if "filter" in params:
+            if params.get("where") is not None:
+                raise InvalidInputError("Give filter= or where= (the same condition), not both.")
+            params["where"] = params.pop("filter")
         if "max_tokens" not in params and self.max_tokens is not None:
             params["max_tokens"] = self.max_tokens
         k = self.k if k is None else k

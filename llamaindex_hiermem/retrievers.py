@@ -15,7 +15,7 @@ from llama_index.core.storage.docstore.types import BaseDocumentStore
 from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter, MetadataFilters
 from llama_index.core.vector_stores.utils import build_metadata_filter_fn
 
-from shared_core.base import HierarchicalMemory, count_tokens
+from shared_core.base import HierarchicalMemory
 from shared_core.types import Hit, InvalidInputError, Message, UnknownPolicyError
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
 #: Metadata keys every node built from a hit carries; hidden from the LLM and embedding views.
 STRUCTURE_KEYS = ("node_id", "depth", "span", "source_ids", "is_leaf", "level", "kind", "policy")
 # At most this many rounds of doubling k when a scoped retrieval keeps fewer hits than asked for.
-_MAX_WIDEN = 8
 
 
 def policy_param_names(memory: HierarchicalMemory) -> frozenset[str] | None:
@@ -112,10 +111,10 @@ def _single_matcher(f: MetadataFilter) -> Callable[[Mapping[str, Any]], bool]:
 class _Scope:
     """Which stored messages a scoped retriever may show: metadata ``filters``, ``node_ids``, ``doc_ids``.
 
-    A hit is in scope only when every message its text can draw on is: each leaf under the node in the
-    tree and each message named by the hit's ``source_ids`` (for xMemory these include the episodes a
-    semantic is linked to outside its subtree). A message without an id fails ``node_ids`` / ``doc_ids``;
-    a message whose document is unknown to the docstore fails ``doc_ids``.
+    :meth:`message_ok` is the core's ``where`` predicate: the memory returns a node only when every
+    message its text draws on passes (the leaves under it; for xMemory also the messages a fact comes
+    from). A message without an id fails ``node_ids`` / ``doc_ids``; a message whose document is unknown
+    to the docstore fails ``doc_ids``.
     """
 
     def __init__(
@@ -146,32 +145,6 @@ class _Scope:
             if node is None or node.ref_doc_id not in self.doc_ids:
                 return False
         return self.match is None or self.match(msg.metadata or {})
-
-    def hits_in_scope(self, memory: HierarchicalMemory, hits: list[Hit]) -> list[Hit]:
-        """The hits whose every underlying message is in scope (order kept)."""
-        out: list[Hit] = []
-        with memory._lock:  # a consistent read of the node store
-            store = memory._store
-            by_source: dict[str, list[Message]] | None = None
-            for h in hits:
-                if h.node_id not in store.nodes:
-                    continue
-                leaves = [store.nodes[i] for i in store.leaves_under(h.node_id)]
-                if not all(self.message_ok(n.message) for n in leaves):
-                    continue
-                under = {n.message.id for n in leaves if n.message is not None and n.message.id is not None}
-                extra = [s for s in h.source_ids if s not in under]
-                if extra:
-                    if by_source is None:
-                        by_source = {}
-                        for lid in store.leaves():
-                            m = store.nodes[lid].message
-                            if m is not None and m.id is not None:
-                                by_source.setdefault(m.id, []).append(m)
-                    if not all(by_source.get(s) and all(map(self.message_ok, by_source[s])) for s in extra):
-                        continue
-                out.append(h)
-        return out
 
 
 def _id_set(ids: Iterable[str] | None, name: str) -> frozenset[str] | None:
@@ -253,9 +226,9 @@ class HierMemRetriever(BaseRetriever):
 
     Scoping (``filters``, ``node_ids``, ``doc_ids``, as for LlamaIndex's vector retrievers) never lets
     out-of-scope text through: a leaf is returned only when its message is in scope, and an internal node
-    (whose summary mixes its messages) only when every message under it is. The memory is asked for more
-    hits (``k`` doubled, up to 8 times) until ``similarity_top_k`` in-scope hits are found or it has no
-    more; ``max_tokens`` then applies to the kept hits.
+    (whose summary mixes its messages) only when every message under it is. The scope is the core's
+    ``where`` filter (``shared_core.filters``), applied before top-k: ``similarity_top_k`` in-scope hits
+    come back whenever that many in-scope messages exist.
 
     Args:
         memory: the core memory (:class:`~shared_core.base.HierarchicalMemory`).
@@ -348,47 +321,17 @@ class HierMemRetriever(BaseRetriever):
         ]
 
     def _hits(self, query: str) -> list[Hit]:
-        if self._scope is None:
-            return self.memory.retrieve(
-                query,
-                k=self.similarity_top_k,
-                policy=self.policy,
-                max_tokens=self.max_tokens,
-                **self.policy_params,
-            )
-        want = self.similarity_top_k if self.similarity_top_k is not None else self.memory.default_k
-        k = want
-        kept: list[Hit] = []
-        for _ in range(_MAX_WIDEN):
-            hits = self.memory.retrieve(query, k=k, policy=self.policy, **self.policy_params)
-            kept = self._scope.hits_in_scope(self.memory, hits)
-            if len(kept) >= want or len(hits) < k:
-                break
-            k *= 2
-        out: list[Hit] = []
-        used = 0
-        for h in kept:
-            if self.max_tokens is not None:
-                t = count_tokens(h.text)
-                if used + t > self.max_tokens:
-                    continue
-                used += t
-            out.append(h)
-            if len(out) >= want:
-                break
-        return out
+        return self.memory.retrieve(
+            query,
+            k=self.similarity_top_k,
+            policy=self.policy,
+            max_tokens=self.max_tokens,
+            where=self._scope.message_ok if self._scope is not None else None,
+            **self.policy_params,
+        )
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return self._to_nodes(self._hits(query_bundle.query_str))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        if self._scope is not None:
-            return self._to_nodes(await asyncio.to_thread(self._hits, query_bundle.query_str))
-        hits = await self.memory.aretrieve(
-            query_bundle.query_str,
-            self.similarity_top_k,
-            self.policy,
-            max_tokens=self.max_tokens,
-            **self.policy_params,
-        )
-        return self._to_nodes(hits)
+        return self._to_nodes(await asyncio.to_thread(self._hits, query_bundle.query_str))

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from .filters import MessageFilter, message_filter
 from .index import NodeIndex, normalize_rows
 from .models.base import LLM, Embedder, Summarizer, validate_embeddings
 from .persist import load_memory, save_memory
@@ -206,6 +207,7 @@ class HierarchicalMemory(abc.ABC):
         self._index_created = False  # the open transaction created the index
         self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
         self._max_tokens: int | None = None  # the budget of the retrieve under way
+        self._allowed: set[int] | None = None  # nodes the filter of the retrieve under way lets through
         self._version = 0  # bumped on every commit; caches key on it
         self._durable: Any = None  # a shared_core.stores.Store when a store is attached
         if store is not None:
@@ -743,6 +745,51 @@ class HierarchicalMemory(abc.ABC):
         nodes = self._store.nodes
         return np.fromiter((nodes[int(i)].is_leaf for i in ids.tolist()), dtype=bool, count=len(ids))
 
+    def _drawn_leaves(self, nid: int) -> Iterable[int]:
+        """Leaves outside a node's subtree whose messages its text draws on (none in a tree).
+
+        Overridden where a node is written from messages that are not below it (xMemory's facts)."""
+        return ()
+
+    def _allowed_nodes(self, flt: MessageFilter) -> set[int]:
+        """Ids of the nodes a filter lets through: a leaf whose message matches, or any other node whose
+        every leaf below it (and every leaf of :meth:`_drawn_leaves`) matches. ``O(nodes)``."""
+        nodes = self._store.nodes
+        ok: dict[int, bool] = {}
+
+        def leaf_ok(lid: int) -> bool:
+            if lid not in ok:
+                n = nodes.get(lid)
+                ok[lid] = n is not None and n.is_leaf and flt.matches(n.message)
+            return ok[lid]
+
+        for start in nodes:
+            stack = [start]
+            while stack:
+                nid = stack[-1]
+                if nid in ok:
+                    stack.pop()
+                    continue
+                node = nodes[nid]
+                pending = [c for c in node.children if c not in ok and c in nodes]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                stack.pop()
+                if node.is_leaf:
+                    v = flt.matches(node.message) and all(ok.get(c, True) for c in node.children)
+                else:
+                    v = all(ok.get(c, True) for c in node.children)
+                ok[nid] = v and all(leaf_ok(lid) for lid in self._drawn_leaves(nid))
+        return {nid for nid, v in ok.items() if v}
+
+    def _allowed_mask(self, ids: np.ndarray) -> np.ndarray | None:
+        """``bool (n,)``: which node ids the filter of the retrieve under way lets through (``None``: all)."""
+        allowed = self._allowed
+        if allowed is None:
+            return None
+        return np.fromiter((int(i) in allowed for i in ids.tolist()), dtype=bool, count=len(ids))
+
     def _ranked(
         self,
         ids: np.ndarray,
@@ -762,6 +809,9 @@ class HierarchicalMemory(abc.ABC):
             meta: metadata given to every candidate (copied).
             admissible: ``bool (n,)`` mask of the positions that may be returned (default all).
         """
+        allowed = self._allowed_mask(ids)
+        if allowed is not None:
+            admissible = allowed if admissible is None else admissible & allowed
         pos = np.nonzero(admissible)[0] if admissible is not None else np.arange(len(ids))
         order = pos[np.lexsort((ids[pos], -scores[pos]))]
         nodes = self._store.nodes
@@ -788,6 +838,8 @@ class HierarchicalMemory(abc.ABC):
         policy: str | None = None,
         *,
         max_tokens: int | None = None,
+        time_range: Any = None,
+        where: Any = None,
         **params: Any,
     ) -> list[Hit]:
         """Retrieve nodes for a query.
@@ -798,13 +850,25 @@ class HierarchicalMemory(abc.ABC):
             policy: one of :attr:`policies` (default :attr:`default_policy`).
             max_tokens: optional budget of returned text in tokens (as :func:`count_tokens` counts);
                 hits that would exceed it are skipped.
+            time_range: optional ``(start, end)`` on ``Message.timestamp``: each a ``datetime``, ``date``,
+                ISO-8601 string or ``None`` (open); a date-only end includes its whole day.
+            where: optional condition on ``Message.metadata`` (equality, ``$eq``, ``$ne``, ``$in``,
+                ``$nin``, ``$gt``, ``$gte``, ``$lt``, ``$lte``, ``$and``, ``$or``; see
+                :mod:`shared_core.filters`) or a callable ``Message -> bool``. With a filter, a leaf is
+                returned only when its message matches and any other node only when every message its
+                text draws on does. Ranking policies apply it before top-k (propagation still runs over
+                the whole tree); the search policies (HAT's greedy and LLM searches, xMemory's
+                adaptive and representative, MemTree's traversal) search the whole tree and return only
+                what passes.
             **params: the policy's parameters (see the subclass).
 
         Returns:
             Hits, best first, with distinct texts.
 
         Raises:
-            InvalidInputError: empty query, ``k < 1`` or ``max_tokens < 1``.
+            InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, an invalid ``time_range``
+                (not a pair, an unreadable bound, start after end) or ``where`` (unknown operator, wrong
+                type).
             UnknownPolicyError: a policy this memory does not have.
             LLMRequiredError: an LLM-only policy on a memory built without an LLM.
         """
@@ -826,6 +890,7 @@ class HierarchicalMemory(abc.ABC):
             raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
         if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
             raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+        flt = message_filter(time_range, where)
         accepted = inspect.signature(self._retrieve).parameters
         unknown = sorted(set(params) - set(accepted) - {"query", "policy", "k"})
         if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
@@ -839,11 +904,13 @@ class HierarchicalMemory(abc.ABC):
             if self._store.root is None:
                 return []
             self._max_tokens = None if max_tokens is None else int(max_tokens)
+            self._allowed = None if flt is None else self._allowed_nodes(flt)
             try:
                 cands = self._retrieve(query, policy, int(k), **params)
+                return self._to_hits(cands, int(k), max_tokens)
             finally:
                 self._max_tokens = None
-            return self._to_hits(cands, int(k), max_tokens)
+                self._allowed = None
 
     async def aretrieve(
         self, query: str, k: int | None = None, policy: str | None = None, **kw: Any
@@ -870,6 +937,8 @@ class HierarchicalMemory(abc.ABC):
             if node is None or not node.text or node.text in seen:
                 continue
             if meta.get("stands_for") in taken:
+                continue
+            if self._allowed is not None and int(nid) not in self._allowed:
                 continue
             if not budget.take(node.text):
                 continue

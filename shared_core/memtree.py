@@ -806,7 +806,7 @@ class MemTree(HierarchicalMemory):
             text = st.nodes[nid].text
             if not text or text in seen or used + len(text) > max_context:
                 continue
-            if not budget.take(text):
+            if (self._allowed is not None and nid not in self._allowed) or not budget.take(text):
                 continue
             seen.add(text)
             used += len(text)

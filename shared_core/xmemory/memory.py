@@ -428,6 +428,10 @@ class XMemory(_XMemoryRetrieval):
                 md["title"] = node.data["title"]
         return dataclasses.replace(h, source_ids=src, metadata=md)
 
+    def _drawn_leaves(self, nid: int) -> list[int]:
+        """A semantic's text draws on the messages it was distilled from (a filter checks them too)."""
+        return self._fact_messages(nid) if self._store.nodes[nid].level == SEMANTIC else []
+
     def _source_leaves(self, nid: int) -> list[int]:
         """Leaf ids of the messages a semantic or theme comes from, in insertion order."""
         st = self._store
