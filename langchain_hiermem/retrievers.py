@@ -22,7 +22,8 @@ def hit_to_document(hit: Hit) -> Document:
     """Turn a core :class:`~shared_core.types.Hit` into a LangChain ``Document``.
 
     Returns:
-        ``Document(page_content=hit.text, id=str(hit.node_id), metadata=...)`` whose metadata holds the
+        ``Document(page_content=hit.text, id=..., metadata=...)``: ``id`` is the caller's source id
+        (``Message.id``) for a leaf that has one, else ``str(hit.node_id)``; the metadata holds the
         hit's own metadata (e.g. ``level``, ``kind``, ``policy``, ``role``, ``speaker``, ``timestamp`` and
         the message's metadata) and then ``score`` (float), ``depth`` (int), ``span`` (``[first, last]``
         insertion indices, 0-based), ``source_ids`` (list of str), ``node_id`` (int), ``is_leaf`` (bool).
@@ -39,7 +40,8 @@ def hit_to_document(hit: Hit) -> Document:
         node_id=int(hit.node_id),
         is_leaf=bool(hit.is_leaf),
     )
-    return Document(page_content=hit.text, metadata=md, id=str(hit.node_id))
+    doc_id = hit.source_ids[0] if hit.is_leaf and hit.source_ids else str(hit.node_id)
+    return Document(page_content=hit.text, metadata=md, id=doc_id)
 
 
 class HierMemRetriever(BaseRetriever):

@@ -1,4 +1,4 @@
-"""LangChain's standard retriever tests (``langchain_tests``) run on HierMemRetriever.
+"""LangChain's standard tests (``langchain_tests``) on HierMemRetriever and HierMemEmbeddings.
 
 The memories hold real all-MiniLM-L6-v2 embeddings of a dozen short texts, built once per session.
 """
@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from langchain_core.retrievers import BaseRetriever
-from langchain_tests.integration_tests import RetrieversIntegrationTests
+from langchain_tests.integration_tests import EmbeddingsIntegrationTests, RetrieversIntegrationTests
+from langchain_tests.unit_tests import EmbeddingsUnitTests
 
-from langchain_hiermem import HierMemRetriever
+from langchain_hiermem import HierMemEmbeddings, HierMemRetriever
 from shared_core.base import HierarchicalMemory
 
 
@@ -149,3 +150,34 @@ def test_xmemory_returns_k_documents_with_the_fact_first():
 
 
 # ---------------------------------------------------------------------------- XMemory (end)
+
+
+@cache
+def _local_embedder() -> Any:
+    from shared_core.models.local import LocalEmbedder
+
+    return LocalEmbedder()
+
+
+class TestHierMemEmbeddingsUnit(EmbeddingsUnitTests):
+    """LangChain's standard unit tests on HierMemEmbeddings (the embedded all-MiniLM-L6-v2)."""
+
+    @property
+    def embeddings_class(self) -> type[HierMemEmbeddings]:
+        return HierMemEmbeddings
+
+    @property
+    def embedding_model_params(self) -> dict[str, Any]:
+        return {"embedder": _local_embedder()}
+
+
+class TestHierMemEmbeddingsIntegration(EmbeddingsIntegrationTests):
+    """LangChain's standard integration tests on HierMemEmbeddings (real model, offline)."""
+
+    @property
+    def embeddings_class(self) -> type[HierMemEmbeddings]:
+        return HierMemEmbeddings
+
+    @property
+    def embedding_model_params(self) -> dict[str, Any]:
+        return {"embedder": _local_embedder()}

@@ -48,9 +48,11 @@ from shared_core.types import (
     HierMemError,
     Hit,
     InvalidInputError,
+    Message,
     ModelError,
     UnknownPolicyError,
 )
+from tests.test_durable import HashEmbedder
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -275,7 +277,19 @@ def test_retriever_documents_carry_hit_fields(filled):
     assert (d.metadata["depth"], d.metadata["node_id"], d.metadata["is_leaf"]) == (h.depth, h.node_id, True)
     assert d.metadata["source_ids"] == [] and d.metadata["kind"] == "segtree"
     assert d.metadata["policy"] == "top_down"  # the memory's default
-    assert d.id == str(h.node_id)
+    assert d.id == str(h.node_id)  # a leaf without a source id: the node id
+
+
+def test_retriever_document_id_is_the_source_id_of_a_leaf():
+    mem = SegTreeMem(embedder=HashEmbedder(), admissible="all")
+    mem.add([Message(f"note {i} about {t}", id=f"msg-{i}") for i, t in enumerate(["tea", "tea", "sea"] * 4)])
+    docs = HierMemRetriever(memory=mem, k=10, policy="collapsed").invoke("tea")
+    assert any(not d.metadata["is_leaf"] for d in docs)
+    for d in docs:
+        if d.metadata["is_leaf"]:
+            assert d.id == d.metadata["source_ids"][0] and d.id.startswith("msg-")
+        else:
+            assert d.id == str(d.metadata["node_id"])
 
 
 def test_retriever_per_call_k_policy_and_params(filled):
