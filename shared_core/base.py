@@ -44,6 +44,7 @@ from .types import (
 
 __all__ = [
     "ADMISSIBLE",
+    "ANNOTATION_VECTORS",
     "RELEVANCE_KINDS",
     "HierarchicalMemory",
     "TokenBudget",
@@ -56,6 +57,8 @@ __all__ = [
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
 #: admissible sets of a ranking: every node with text, or message leaves only
 ADMISSIBLE = ("all", "leaves")
+#: how an internal node's vector is made: composed from its sentences' cached vectors, or by embedding it
+ANNOTATION_VECTORS = ("composed", "embedded")
 
 
 def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
@@ -127,6 +130,14 @@ class HierarchicalMemory(abc.ABC):
             :meth:`relevance`): ``"dense"``, ``"bm25"`` or ``"hybrid"``; default ``None`` = the class's
             :attr:`default_relevance`.
         hybrid_weight: weight ``w`` of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
+        annotation_vectors: how an internal node's (summary's) vector is made; default ``None`` = the
+            class's :attr:`default_annotation_vectors`. ``"composed"`` = the normalised mean of its
+            sentences' vectors, which an extractive summariser has already
+            embedded (the children's sentences), so an add embeds its message and its new sentences
+            only; ``"embedded"`` = the embedder run on the summary text (the papers' construction, and
+            what a memory saved before this option uses). Composition needs a summariser with
+            ``compose`` sharing the memory's embedder (the default extractive one); otherwise summaries
+            are embedded.
 
     Raises:
         InvalidInputError: a model without the needed method, a ``hybrid_weight`` outside ``[0, 1]``.
@@ -158,6 +169,8 @@ class HierarchicalMemory(abc.ABC):
     default_relevance: ClassVar[str] = "dense"
     #: configuration values of saves made before a configuration key existed (key -> value they had)
     legacy_config: ClassVar[dict[str, Any]] = {}
+    #: ``annotation_vectors`` when the constructor is not given one
+    default_annotation_vectors: ClassVar[str] = "composed"
 
     def __init__(
         self,
@@ -169,7 +182,13 @@ class HierarchicalMemory(abc.ABC):
         store: str | Path | None = None,
         relevance: str | None = None,
         hybrid_weight: float = 0.5,
+        annotation_vectors: str | None = None,
     ) -> None:
+        self.annotation_vectors = check_choice(
+            self.default_annotation_vectors if annotation_vectors is None else annotation_vectors,
+            ANNOTATION_VECTORS,
+            "annotation_vectors",
+        )
         self.relevance_kind = check_choice(
             self.default_relevance if relevance is None else relevance, RELEVANCE_KINDS, "relevance"
         )
@@ -203,6 +222,7 @@ class HierarchicalMemory(abc.ABC):
         self._pending: dict[int, tuple[str, np.ndarray]] = {}
         self._tx_usage = Usage()
         self._tx_vecs: dict[str, np.ndarray] = {}
+        self._tx_composed: dict[str, np.ndarray] = {}  # this transaction's composed annotation vectors
         self._state_snapshot: Any = None
         self._index_created = False  # the open transaction created the index
         self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
@@ -235,15 +255,21 @@ class HierarchicalMemory(abc.ABC):
 
     def _config(self) -> dict[str, Any]:
         """Constructor keyword arguments (JSON-serialisable, models excluded) to rebuild this memory."""
-        return {"summary_chars": self.summary_chars, **self._relevance_config()}
+        return {"summary_chars": self.summary_chars, **self._shared_config()}
 
-    def _relevance_config(self) -> dict[str, Any]:
-        return {"relevance": self.relevance_kind, "hybrid_weight": self.hybrid_weight}
+    def _shared_config(self) -> dict[str, Any]:
+        """The options every memory has (relevance, annotation vectors), for the subclasses' ``_config``."""
+        return {
+            "relevance": self.relevance_kind,
+            "hybrid_weight": self.hybrid_weight,
+            "annotation_vectors": self.annotation_vectors,
+        }
 
     @classmethod
     def stored_config(cls, config: dict[str, Any]) -> dict[str, Any]:
-        """A saved configuration completed with :attr:`legacy_config` for keys saves did not have yet."""
-        return {**cls.legacy_config, **config}
+        """A saved configuration completed with :attr:`legacy_config` for keys saves did not have yet
+        (and ``annotation_vectors="embedded"``, how every memory made summary vectors before the option)."""
+        return {"annotation_vectors": "embedded", **cls.legacy_config, **config}
 
     def _get_state(self) -> dict[str, Any]:
         """Algorithm state outside the node store (JSON-serialisable)."""
@@ -427,6 +453,7 @@ class HierarchicalMemory(abc.ABC):
         self._tx_usage = usage
         self._pending = {}
         self._tx_vecs = {}
+        self._tx_composed = {}
         self._index_created = False
         self._state_snapshot = copy.deepcopy(self._get_state())
 
@@ -463,6 +490,7 @@ class HierarchicalMemory(abc.ABC):
             self._lex_removed |= gone
         self._pending = {}
         self._tx_vecs = {}
+        self._tx_composed = {}
         self._state_snapshot = None
         self._usage += self._tx_usage
         self._version += 1
@@ -483,6 +511,7 @@ class HierarchicalMemory(abc.ABC):
             self._set_state(self._state_snapshot)
         self._pending = {}
         self._tx_vecs = {}
+        self._tx_composed = {}
         self._state_snapshot = None
         self._version += 1  # caches built during the transaction are stale
 
@@ -514,9 +543,49 @@ class HierarchicalMemory(abc.ABC):
             usage.embedded_texts += len(todo)
             usage.seconds += time.perf_counter() - t0
             self._tx_vecs.update(zip(todo, vecs))
+            seed = getattr(self.summarizer, "seed", None)
+            if callable(seed) and getattr(self.summarizer, "embedder", None) is self.embedder:
+                seed(todo, vecs)  # a one-sentence text's vector is its sentence's: not embedded twice
         if not texts:
             return np.zeros((0, self.dim or 0), dtype=np.float32)
         return np.stack([self._tx_vecs[t] for t in texts])
+
+    def _annotation_vecs(self, texts: Sequence[str], usage: Usage) -> np.ndarray:
+        """Vectors of internal nodes' texts (see ``annotation_vectors``); rows normalised."""
+        compose = getattr(self.summarizer, "compose", None)
+        if (
+            self.annotation_vectors != "composed"
+            or not callable(compose)
+            or getattr(self.summarizer, "embedder", None) is not self.embedder
+        ):
+            return self._embed(texts, usage)
+        texts = list(texts)
+        todo = [t for t in dict.fromkeys(texts) if t not in self._tx_composed]
+        if todo:
+            t0 = time.perf_counter()
+            vecs, u = compose(todo)
+            vecs = normalize_rows(validate_embeddings(vecs, len(todo), self._expected_dim()))
+            usage += u
+            usage.seconds += time.perf_counter() - t0 - u.seconds
+            self._tx_composed.update(zip(todo, vecs))
+        if not texts:
+            return np.zeros((0, self.dim or 0), dtype=np.float32)
+        return np.stack([self._tx_composed[t] for t in texts])
+
+    def _node_vecs(self, nids: Sequence[int], usage: Usage) -> np.ndarray:
+        """Fresh vectors of nodes' current texts: leaves embedded, internal nodes as ``annotation_vectors``
+        says (at most one embedding call each)."""
+        st = self._store
+        leaves = [j for j, i in enumerate(nids) if st.nodes[i].is_leaf]
+        inner = [j for j, i in enumerate(nids) if not st.nodes[i].is_leaf]
+        out: list[np.ndarray | None] = [None] * len(nids)
+        for pos, fn in ((leaves, self._embed), (inner, self._annotation_vecs)):
+            if pos:
+                for j, v in zip(pos, fn([st.nodes[nids[j]].text for j in pos], usage)):
+                    out[j] = v
+        if not nids:
+            return np.zeros((0, self.dim or 0), dtype=np.float32)
+        return np.stack(out)  # type: ignore[arg-type]
 
     def _expected_dim(self) -> int | None:
         """Width every new vector must have: the index's, else this transaction's, else the embedder's."""
@@ -543,7 +612,7 @@ class HierarchicalMemory(abc.ABC):
         if p is not None and p[0] == text:
             return p[1]
         if p is not None or nid in self._store.changed:
-            v = self._embed([text], self._tx_usage)[0]
+            v = self._node_vecs([nid], self._tx_usage)[0]
             self._pending[nid] = (text, v)
             return v
         assert self._index is not None
@@ -563,7 +632,7 @@ class HierarchicalMemory(abc.ABC):
             elif p is None or p[0] != st.nodes[i].text:
                 stale.append(i)
         if len(stale) > 1:
-            vecs = self._embed([st.nodes[i].text for i in stale], self._tx_usage)
+            vecs = self._node_vecs(stale, self._tx_usage)
             for i, v in zip(stale, vecs):
                 self._pending[i] = (st.nodes[i].text, v)
         rows: list[np.ndarray | None] = [None] * len(nids)
@@ -594,7 +663,7 @@ class HierarchicalMemory(abc.ABC):
                 need.append(i)
         if not need:
             return
-        vecs = self._embed([st.nodes[i].text for i in need], usage)
+        vecs = self._node_vecs(need, usage)
         for i, v in zip(need, vecs):
             self._pending[i] = (st.nodes[i].text, v)
 

@@ -337,6 +337,8 @@ class HAT(HierarchicalMemory):
         store: path of a durable SQLite store, or ``None`` (default).
         relevance: ``"hybrid"`` (default), ``"dense"`` (the cosine of the first version) or ``"bm25"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
+        annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
+            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"``.
         alpha: ``top_down`` propagation decay in ``[0, 1)``, default 0.1 (the SegTreeMem paper's
             default for Algorithm 2).
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (the SegTreeMem paper's default).
@@ -396,6 +398,7 @@ class HAT(HierarchicalMemory):
         store: str | Path | None = None,
         relevance: str = "hybrid",
         hybrid_weight: float = 0.5,
+        annotation_vectors: str | None = None,
         alpha: float = 0.1,
         horizon: int = 2,
         admissible: str = "leaves",
@@ -435,6 +438,7 @@ class HAT(HierarchicalMemory):
             store=store,
             relevance=relevance,
             hybrid_weight=hybrid_weight,
+            annotation_vectors=annotation_vectors,
         )
         self.default_k = self.k  # type: ignore[misc]
         self.default_policy = self.policy if llm is None else self.llm_policy  # type: ignore[misc]
@@ -475,7 +479,7 @@ class HAT(HierarchicalMemory):
             "k": self.k,
             "summary_chars": self.summary_chars,
             "cache_size": self.cache_size,
-            **self._relevance_config(),
+            **self._shared_config(),
             "alpha": self.alpha,
             "horizon": self.horizon,
             "admissible": self.admissible,

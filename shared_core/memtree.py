@@ -258,6 +258,8 @@ class MemTree(HierarchicalMemory):
         relevance: local relevance of a node, ``"hybrid"`` (default), ``"dense"`` (the paper) or
             ``"bm25"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
+        annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
+            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"``.
         alpha: ``top_down`` propagation decay in ``[0, 1)``, default 0.3 (SegTreeMem's default).
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (SegTreeMem's default).
         admissible: what ``top_down`` and ``collapsed`` may return: ``"leaves"`` (messages, default) or
@@ -307,6 +309,7 @@ class MemTree(HierarchicalMemory):
         store: str | Path | None = None,
         relevance: str = "hybrid",
         hybrid_weight: float = 0.5,
+        annotation_vectors: str | None = None,
         alpha: float = 0.3,
         horizon: int = 2,
         admissible: str = "leaves",
@@ -335,6 +338,7 @@ class MemTree(HierarchicalMemory):
             store=store,
             relevance=relevance,
             hybrid_weight=hybrid_weight,
+            annotation_vectors=annotation_vectors,
         )
         self.default_k = self.k  # type: ignore[misc]
 
@@ -453,7 +457,7 @@ class MemTree(HierarchicalMemory):
             "max_context": self.max_context,
             "max_workers": self.max_workers,
             "summary_chars": self.summary_chars,
-            **self._relevance_config(),
+            **self._shared_config(),
             "alpha": self.alpha,
             "horizon": self.horizon,
             "admissible": self.admissible,
@@ -547,7 +551,7 @@ class MemTree(HierarchicalMemory):
         if expand is not None:
             jobs.append((st.nodes[expand].text, message.render(), 1))
         texts = self._aggregate_all(jobs, usage)
-        vecs = self._embed(texts, usage) if texts else None
+        vecs = self._annotation_vecs(texts, usage) if texts else None
         # 3. mutate
         if target is None:
             root = st.new_node(level=0, data={"entries": 0})

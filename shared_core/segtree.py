@@ -89,6 +89,8 @@ class SegTreeMem(HierarchicalMemory):
         k: default evidence budget ``K`` (top-k), default 10.
         relevance: local relevance ``R(q, A(v))``: ``"dense"`` (the paper), ``"bm25"`` or ``"hybrid"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, default 0.5.
+        annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
+            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"``.
         admissible: the admissible set ``𝒢`` of retrieval, ``"all"`` nodes or ``"leaves"`` (default).
         top_down_weights: how ``top_down`` moves a parent's score to its children: ``"share"`` splits it
             equally (the paper's column-normalised ``W_P``) and ``"inherit"`` (default) gives every child
@@ -133,6 +135,7 @@ class SegTreeMem(HierarchicalMemory):
         k: int = 10,
         relevance: str = "hybrid",
         hybrid_weight: float = 0.5,
+        annotation_vectors: str | None = None,
         admissible: str = "leaves",
         top_down_weights: str = "inherit",
         summarizer: Summarizer | None = None,
@@ -169,6 +172,7 @@ class SegTreeMem(HierarchicalMemory):
             store=store,
             relevance=relevance,
             hybrid_weight=hybrid_weight,
+            annotation_vectors=annotation_vectors,
         )
         self.default_k = self.k  # type: ignore[misc]
 
@@ -211,7 +215,7 @@ class SegTreeMem(HierarchicalMemory):
             "alpha": self.alpha,
             "horizon": self.horizon,
             "k": self.k,
-            **self._relevance_config(),
+            **self._shared_config(),
             "admissible": self.admissible,
             "top_down_weights": self.top_down_weights,
             "summary_chars": self.summary_chars,

@@ -77,6 +77,9 @@ def inject(point: str, mem: HierarchicalMemory, monkeypatch: pytest.MonkeyPatch,
     elif point == "summarize":
         fault = Fault(exc)
         _patch(monkeypatch, mem.summarizer, "summarize", fault)
+    elif point == "compose":  # a summary's vector from its sentences' vectors
+        fault = Fault(exc)
+        _patch(monkeypatch, mem.summarizer, "compose", fault)
     elif point == "index.remove":  # after the rows are gone from FAISS
         fault = Fault(exc, after=True)
         _patch(monkeypatch, NodeIndex, "remove", fault)
@@ -158,7 +161,7 @@ def texts_after(op: str) -> list[str]:
     return texts[:3] + texts[4:]
 
 
-POINTS = ["embed", "summarize", "index.remove", "index.upsert", "index.upsert.after", "faiss.add"]
+POINTS = ["embed", "summarize", "compose", "index.remove", "index.upsert", "index.upsert.after", "faiss.add"]
 DURABLE_POINTS = ["durable", "sqlite"]
 
 
@@ -186,6 +189,10 @@ def _fires(kind: str, op: str, point: str) -> bool:
     """Whether the transaction reaches ``point`` (checked: a fault that should fire and does not fails)."""
     if point == "faiss.add":
         return op == "add"  # a delete only rewrites existing rows
+    if point == "embed":  # a delete re-annotates from sentences already embedded: nothing to embed
+        return op == "add" or kind == "xmemory"  # (xMemory embeds its summaries)
+    if point == "compose":
+        return kind != "xmemory"
     # xMemory's LLM-free annotations do not go through the summariser
     return not (point == "summarize" and kind == "xmemory")
 

@@ -23,13 +23,13 @@ import pytest
 
 from shared_core import HAT, HierarchicalMemory, MemTree, Message, SegTreeMem, memory_classes
 from shared_core.durable import DurableStore
-from shared_core.index import normalize_rows
 from shared_core.types import (
     EmbeddingError,
     InvalidInputError,
     PersistenceError,
     VersionMismatchError,
 )
+from tests.vectors import check_node_vectors
 
 # --------------------------------------------------------------------------- shared helpers
 KINDS = ["segtree", "memtree", "hat", "xmemory"]
@@ -127,8 +127,7 @@ def check_tree(mem: HierarchicalMemory, texts: Sequence[str] | None = None, *, d
     if mem._index is not None:
         assert sorted(mem._index.ids.tolist()) == with_text, "index and tree disagree"
         if mem.kind != "xmemory" and with_text:
-            want = normalize_rows(mem.embedder.embed([nodes[i]["text"] for i in with_text]))
-            np.testing.assert_allclose(mem._index.get(with_text), want, atol=1e-4)
+            check_node_vectors(mem, with_text, mem.embedder)
     if isinstance(mem, SegTreeMem):
         from tests.test_segtree import check_invariants
 

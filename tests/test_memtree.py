@@ -27,6 +27,7 @@ from shared_core.types import (
     UnknownPolicyError,
     Usage,
 )
+from tests.vectors import check_node_vectors
 
 VOCAB = ("pet", "dog", "cat", "walk", "vet", "food", "pizza", "pasta")
 
@@ -255,10 +256,9 @@ def check_invariants(mem: MemTree, texts: list[str], emb: KeywordEmbedder) -> No
     assert st_.nodes[root].text == ""
     non_root = [n for n in st_.nodes.values() if n.id != root]
     assert set(mem._index.ids.tolist()) == {n.id for n in non_root}
+    check_node_vectors(mem, [n.id for n in non_root], emb, atol=1e-6)
     for n in non_root:
         assert n.text.strip()
-        want = emb.vector(n.text)
-        np.testing.assert_allclose(mem._index.get([n.id])[0], want / np.linalg.norm(want), atol=1e-6)
         depth = st_.depth(n.id)
         assert n.level == depth
         if mem.max_depth != -1:

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from shared_core import SegTreeMem
 from shared_core.base import count_tokens
-from shared_core.index import normalize_rows
 from shared_core.models.extractive import ExtractiveSummarizer
 from shared_core.types import (
     EmbeddingError,
@@ -31,6 +30,7 @@ from shared_core.types import (
     UnknownPolicyError,
     Usage,
 )
+from tests.vectors import check_node_vectors, own_vector
 
 # --------------------------------------------------------------------------- test models
 
@@ -209,8 +209,7 @@ def check_invariants(mem: SegTreeMem, texts: Sequence[str] | None = None, *, con
     assert sorted(mem._index.ids.tolist()) == sorted(st_.nodes)
     ids = sorted(st_.nodes)
     ref = TopicEmbedder(mem.embedder.dim) if isinstance(mem.embedder, TopicEmbedder) else mem.embedder
-    want = normalize_rows(ref.embed([st_.nodes[i].text for i in ids]))
-    np.testing.assert_allclose(mem._index.get(ids), want, atol=1e-4)
+    check_node_vectors(mem, ids, ref)
 
 
 def hit_key(hits):
@@ -770,8 +769,9 @@ def test_paper_option_is_the_papers_cosine_rule(topics, threshold):
         cands = mem.frontier()[1:]
         want = None
         if cands:
-            vecs = normalize_rows(emb.embed([mem._store.nodes[c].text for c in cands] + [text]))
-            sims = vecs[:-1] @ vecs[-1]
+            nodes = mem._store.nodes
+            vecs = np.stack([own_vector(mem, nodes[c].text, nodes[c].is_leaf, emb) for c in cands])
+            sims = vecs @ own_vector(mem, text, True, emb)
             best = int(np.argmax(sims))
             want = best + 2 if sims[best] >= threshold else None
         rep = mem.add(text)

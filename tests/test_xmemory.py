@@ -541,6 +541,8 @@ def _visit_memory(reader: OpenAIChat | None, **kw) -> XMemory:
     for a, text in zip((0.5, 0.45, 0.4, 0.35), VISITS):
         table[text] = _unit(a, 1, 0, 0)  # the message and its (LLM-free) episode
         table[text.split(". ")[0] + "."] = _unit(0.3, 1, a, 0)  # the fact: its first sentence
+    # the episodes' vectors are the table's for their texts: embedded, not composed from sentences
+    kw.setdefault("annotation_vectors", "embedded")
     mem = XMemory(embedder=TableEmbedder(table), reader=reader, dedup_threshold=0.9, **kw)
     for text in VISITS:
         mem.add(Message(text))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..index import normalize_rows
 from ..types import InvalidInputError, Usage
 from .base import Embedder, validate_embeddings
 
@@ -89,6 +90,51 @@ class ExtractiveSummarizer:
         """
         sentences = [s for t in texts if t and t.strip() for s in split_sentences(t)]
         return self._vectors(sentences)[1] if sentences else Usage()
+
+    def seed(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        """Cache the vectors of texts that are one sentence each, embedded elsewhere by the same embedder
+        (e.g. a memory's messages), so that they are not embedded again.
+
+        Args:
+            texts: the texts; those that are not exactly one sentence are ignored.
+            vectors: their vectors, ``float (len(texts), dim)``.
+        """
+        known = {t: v for t, v in zip(texts, vectors) if t and split_sentences(t) == [t]}
+        if not known:
+            return
+        vecs = normalize_rows(np.asarray(list(known.values()), dtype=np.float32))
+        with self._lock:
+            for t, v in zip(known, vecs):
+                if t not in self._cache:
+                    self._cache[t] = v
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def compose(self, texts: Sequence[str]) -> tuple[np.ndarray, Usage]:
+        """Vectors of texts made of sentences, from the sentences' cached vectors.
+
+        The vector of a text is the normalised mean of the unit vectors of its sentences (one vector
+        per sentence occurrence); sentences never seen before (e.g. a sentence cut to fit
+        ``max_chars``) are embedded, all in one call, and cached. An extractive summary's sentences are
+        its children's, so composing its vector embeds nothing.
+
+        Args:
+            texts: non-empty texts.
+
+        Returns:
+            ``(vectors float32 (n, dim) with unit rows, usage)``.
+
+        Raises:
+            InvalidInputError: an empty text.
+        """
+        parts = [split_sentences(t) if t and t.strip() else [] for t in texts]
+        if any(not p for p in parts):
+            raise InvalidInputError("compose needs non-empty texts.")
+        vec, usage = self._vectors([s for p in parts for s in p])
+        out = np.stack([np.mean([vec[s] for s in p], axis=0) for p in parts]).astype(np.float32)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        return out / norms, usage
 
     def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
         """Summarise ordered child texts.

@@ -1,0 +1,47 @@
+"""The vector every indexed node must have, computed independently of the memory's code paths.
+
+A leaf's vector is its text embedded. A summary's is, with ``annotation_vectors="composed"`` (the
+default, when the summariser composes with the memory's embedder), the normalised mean of its
+sentences' embeddings, else its text embedded. A node whose text repeats its only child's (SegTreeMem's
+chain copies) may carry the child's vector instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shared_core.index import normalize_rows
+from shared_core.models.extractive import split_sentences
+
+
+def composes(mem: Any) -> bool:
+    """Whether the memory composes its summaries' vectors."""
+    s = mem.summarizer
+    return (
+        mem.annotation_vectors == "composed"
+        and callable(getattr(s, "compose", None))
+        and getattr(s, "embedder", None) is mem.embedder
+    )
+
+
+def own_vector(mem: Any, text: str, is_leaf: bool, embedder: Any) -> np.ndarray:
+    """The vector of a node with ``text``: embedded (leaf, or no composition) or composed."""
+    if is_leaf or not composes(mem):
+        return normalize_rows(np.asarray(embedder.embed([text]), dtype=np.float32))[0]
+    v = normalize_rows(np.asarray(embedder.embed(split_sentences(text)), dtype=np.float32)).mean(axis=0)
+    return (v / (np.linalg.norm(v) or 1.0)).astype(np.float32)
+
+
+def check_node_vectors(mem: Any, ids: list[int], embedder: Any, atol: float = 1e-4) -> None:
+    """Assert that each node in ``ids`` has in the index the vector its text and kind call for."""
+    st = mem._store
+    got = mem._index.get(ids)
+    for row, nid in zip(got, ids):
+        node = st.nodes[nid]
+        want = [own_vector(mem, node.text, node.is_leaf, embedder)]
+        kid = st.nodes[node.children[0]] if len(node.children) == 1 else None
+        if kid is not None and kid.text == node.text:
+            want.append(mem._index.get([kid.id])[0])
+        assert any(np.allclose(row, w, atol=atol) for w in want), f"vector of node {nid}"
