@@ -185,6 +185,54 @@ def viz(
     )
 
 
+@app.command()
+def mcp(
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        help="Where the memories live: a directory (one durable SQLite store per namespace; created if "
+        "missing) or a postgresql:// URL. Default: in memory only, lost when the server stops.",
+    ),
+    http: str | None = typer.Option(
+        None,
+        "--http",
+        metavar="HOST:PORT",
+        help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (e.g. 127.0.0.1:8000).",
+    ),
+    memory: str = typer.Option(
+        "segtree", "--memory", help="Memory of new namespaces: segtree, memtree, hat or xmemory."
+    ),
+) -> None:
+    """Serve memories over the Model Context Protocol (tools: remember, recall, forget, list_namespaces,
+    memory_stats).
+
+    Speaks MCP on stdin/stdout by default (for an MCP client's configuration), or streamable HTTP with
+    --http. Every namespace has its own memory; all share the embedded local embedder. Needs the "mcp"
+    extra of hiermem. Exit code 1 when an option is invalid or the store cannot be opened.
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rich.markup import escape
+
+    from .types import HierMemError
+
+    err = Console(stderr=True)  # stdout is the MCP channel in stdio mode
+    try:
+        from .mcp_server import MEMORY_KINDS, serve
+    except ImportError as e:
+        err.print(f"[red]{escape(str(e))}[/red]")
+        raise typer.Exit(1) from None
+    if memory not in MEMORY_KINDS:
+        err.print(f"[red]unknown --memory {escape(memory)!r}; choose one of {', '.join(MEMORY_KINDS)}[/red]")
+        raise typer.Exit(1)
+    try:
+        serve(store, memory, http, on_ready=lambda line: err.print(line, markup=False, soft_wrap=True))
+    except HierMemError as e:
+        err.print(f"[red]cannot serve:[/red] {escape(str(e))}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # pragma: no cover - interactive stop of the HTTP server
+        pass
+
+
 def _register_eval_and_bench() -> None:
     from .eval.command import bench_command, eval_command
 
