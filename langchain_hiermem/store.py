@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from langchain_core.embeddings import Embeddings
 from langgraph.store.base import (
     BaseStore,
     GetOp,
+    IndexConfig,
     InvalidNamespaceError,
     Item,
     ListNamespacesOp,
@@ -31,10 +35,13 @@ from langgraph.store.base import (
 from shared_core.base import HierarchicalMemory
 from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
 
-from .models import as_core_embedder
+from .models import LangChainEmbedder, as_core_embedder
 from .retrievers import HierMemRetriever
 
-__all__ = ["HierMemStore"]
+if TYPE_CHECKING:
+    from .store_durable import DurableHierMemStore
+
+__all__ = ["HierMemStore", "embedder_and_fields"]
 
 Namespace = tuple[str, ...]
 MemoryFactory = Callable[..., HierarchicalMemory]
@@ -57,13 +64,17 @@ class _Space:
 
 @dataclass
 class _Added:
-    """The texts one run of puts added to a namespace's memory, by key (leaf ids and texts in order)."""
+    """The texts one run of puts added to a namespace's memory, by key (leaf ids and texts in order), and
+    how the run moves the namespace's items: ``removed`` keys leave their place (deleted at some point of
+    the run), ``appended`` keys are new at the end, in the order the puts one by one would give."""
 
     ns: Namespace
     space: _Space
     ops: list[PutOp]
     leaves: dict[str, list[int]] = field(default_factory=dict)
     texts: dict[str, list[str]] = field(default_factory=dict)
+    appended: list[str] = field(default_factory=list)
+    removed: set[str] = field(default_factory=set)
 
 
 def _matches(value: Any, cond: Any) -> bool:
@@ -106,6 +117,61 @@ def _as_namespace(namespace: Any, what: str = "namespace", allow_empty: bool = F
         raise InvalidNamespaceError("Namespace cannot be empty.")
     validate_op_namespace(GetOp(ns, ""))
     return ns
+
+
+def embedder_and_fields(index: Mapping[str, Any]) -> tuple[Any, list[str] | None]:
+    """The store's embedder and text fields from a LangGraph ``IndexConfig``.
+
+    Args:
+        index: ``{"dims": int, "embed": ..., "fields": [...]}`` (every key optional). ``embed`` is a
+            LangChain ``Embeddings``, a function of a list of texts (sync or async), a
+            ``"provider:model"`` string (``langchain.embeddings.init_embeddings``, needs the ``langchain``
+            package and the provider's) or a hiermem embedder; ``dims`` is checked against the vectors.
+            ``fields`` default ``None``: the store's default text (``"text"``, ``"content"``, the value).
+
+    Returns:
+        ``(embedder, fields)``: a core embedder (``None`` without ``embed``) and the field paths.
+
+    Raises:
+        InvalidInputError: not a mapping, an unknown key, ``dims`` not a positive integer, ``fields`` not a
+            list of strings, or an ``embed`` that cannot be turned into embeddings.
+    """
+    if not isinstance(index, Mapping):
+        raise InvalidInputError(
+            f"index must be a LangGraph IndexConfig dict such as {{'dims': 384, 'embed': embeddings}}, got "
+            f"{type(index).__name__}."
+        )
+    unknown = sorted(set(index) - {"dims", "embed", "fields"})
+    if unknown:
+        raise InvalidInputError(f"Unknown index keys {unknown}; an IndexConfig has dims, embed and fields.")
+    dims = index.get("dims")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        raise InvalidInputError(f"index['dims'] must be a positive integer, got {dims!r}.")
+    fields = index.get("fields")
+    if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+        raise InvalidInputError("index['fields'] must be a list of field paths (strings), e.g. ['text'].")
+    embed = index.get("embed")
+    if embed is None:
+        return None, list(fields) if fields is not None else None
+    if not isinstance(embed, (Embeddings, str)) and hasattr(embed, "embed") and hasattr(embed, "dim"):
+        embedder = embed  # already a hiermem embedder
+    else:
+        if not isinstance(embed, Embeddings):
+            if not isinstance(embed, str) and not callable(embed):
+                raise InvalidInputError(
+                    "index['embed'] must be a LangChain Embeddings, a function of a list of texts, a "
+                    f"'provider:model' string or a hiermem embedder, got {type(embed).__name__}."
+                )
+            from langgraph.store.base import ensure_embeddings
+
+            try:
+                embed = ensure_embeddings(embed)
+            except (ImportError, ValueError) as e:
+                raise InvalidInputError(f"Cannot use index['embed'] = {embed!r}: {e}") from None
+        embedder = as_core_embedder(embed)
+        if dims is not None and isinstance(embedder, LangChainEmbedder):
+            embedder = LangChainEmbedder(embedder.embeddings, dim=dims)
+    return embedder, list(fields) if fields is not None else None
 
 
 def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
@@ -154,10 +220,15 @@ class HierMemStore(BaseStore):
         memory_kwargs: keyword arguments of the default ``SegTreeMem`` (e.g. ``{"relevance": "dense"}``).
         policy: retrieval policy of query searches, default ``None`` (each memory's default).
         search_kwargs: the policy's parameters for query searches (e.g. ``{"alpha": 0.1}``), default ``{}``.
+        index: LangGraph's ``IndexConfig`` instead of ``embedder`` / ``fields``:
+            ``{"dims": 384, "embed": embeddings, "fields": ["text"]}`` (see :func:`embedder_and_fields`).
 
     Raises:
-        InvalidInputError: both ``memory_factory`` and ``embedder`` / ``memory_kwargs`` given;
-            a ``fields`` entry that is not a string.
+        InvalidInputError: both ``memory_factory`` and ``embedder`` / ``memory_kwargs`` (or an ``index``
+            with ``embed``) given; ``index`` together with ``embedder`` or ``fields``; a ``fields`` entry
+            that is not a string; a malformed ``index``.
+
+    A store that survives restarts: :meth:`from_conn_string` (SQLite file or PostgreSQL URL).
 
     References:
         LangGraph ``BaseStore`` (``langgraph.store.base``); core ``HierarchicalMemory.add`` /
@@ -175,7 +246,14 @@ class HierMemStore(BaseStore):
         memory_kwargs: dict[str, Any] | None = None,
         policy: str | None = None,
         search_kwargs: dict[str, Any] | None = None,
+        index: IndexConfig | None = None,
     ) -> None:
+        if index is not None:
+            if embedder is not None or fields is not None:
+                raise InvalidInputError(
+                    "Give either index (LangGraph's IndexConfig) or embedder / fields, not both."
+                )
+            embedder, fields = embedder_and_fields(index)
         if memory_factory is not None and (embedder is not None or memory_kwargs):
             raise InvalidInputError(
                 "Give either memory_factory or embedder / memory_kwargs (which configure the default "
@@ -204,9 +282,67 @@ class HierMemStore(BaseStore):
             for p in params
         )
 
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls,
+        conn: str | os.PathLike[str],
+        *,
+        index: IndexConfig | None = None,
+        **kwargs: Any,
+    ) -> Iterator[DurableHierMemStore]:
+        """A store kept in a database, open for the ``with`` block (closed when it ends).
+
+        Items and each namespace's memory are committed before every put returns, so a new process that
+        opens the same ``conn`` gets the same ``get`` / ``search`` / ``list_namespaces`` results. See
+        :class:`~langchain_hiermem.store_durable.DurableHierMemStore`.
+
+        Args:
+            conn: the path of an SQLite file (the memories go to the directory ``<file>.memories`` next
+                to it) or a ``postgresql://user:password@host:5432/dbname`` URL (items and memories in
+                that database).
+            index: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``), see
+                :func:`embedder_and_fields`.
+            **kwargs: the other arguments of :class:`HierMemStore` (``memory_factory``, ``embedder``,
+                ``fields``, ``memory_kwargs``, ``policy``, ``search_kwargs``) and of the durable store
+                (``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
+
+        Returns:
+            A context manager giving the open store.
+
+        Raises:
+            InvalidInputError: a malformed path or URL, or a bad argument.
+            PersistenceError: the database is not a hiermem LangGraph store, is in use by another
+                process, or the server cannot be reached.
+            VersionMismatchError: the store was written by another layout version.
+
+        Example:
+            >>> with HierMemStore.from_conn_string("agent.sqlite", index={"embed": emb}) as store:
+            ...     store.put(("users", "ann"), "dog", {"text": "My dog is called Luna."})
+        """
+        from .store_durable import DurableHierMemStore
+
+        store = DurableHierMemStore(conn, index=index, **kwargs)
+        try:
+            yield store
+        finally:
+            store.close()
+
     # ------------------------------------------------------------------ memories
+    def _memory(self, namespace: Namespace, space: _Space) -> HierarchicalMemory | None:
+        """The memory of a namespace's space (``None`` while it has none); a durable store loads it here."""
+        return space.memory
+
     def _new_memory(self, namespace: Namespace, pending: Iterable[_Added] = ()) -> HierarchicalMemory:
         """A new, empty memory for ``namespace`` (never one another namespace uses, ``pending`` included)."""
+        return self._build_memory(namespace, pending)
+
+    def _build_memory(self, namespace: Namespace, pending: Iterable[_Added] = ()) -> HierarchicalMemory:
+        """Build the memory of ``namespace`` with the factory and check it is new, empty and not shared.
+
+        Raises:
+            InvalidInputError: the factory returned something else than a new, empty, unshared memory.
+        """
         if self._factory is not None:
             mem = self._factory(namespace) if self._factory_takes_ns else self._factory()
         else:
@@ -245,7 +381,7 @@ class HierMemStore(BaseStore):
         ns = _as_namespace(namespace)
         with self._lock:
             space = self._spaces.get(ns)
-            return space.memory if space is not None else None
+            return self._memory(ns, space) if space is not None else None
 
     def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
         """A :class:`~langchain_hiermem.retrievers.HierMemRetriever` over one namespace's memory.
@@ -263,8 +399,9 @@ class HierMemStore(BaseStore):
         ns = _as_namespace(namespace)
         with self._lock:
             space = self._spaces.setdefault(ns, _Space())
-            if space.memory is None:
+            if self._memory(ns, space) is None:
                 space.memory = self._new_memory(ns)
+            assert space.memory is not None
             return HierMemRetriever(memory=space.memory, **kwargs)
 
     # ------------------------------------------------------------------ batch
@@ -303,6 +440,7 @@ class HierMemStore(BaseStore):
                     raise InvalidInputError(
                         f"A put value must be a mapping (dict) or None, got {type(op.value).__name__}."
                     )
+        ops = [self._check_put(op) if isinstance(op, PutOp) else op for op in ops]
         results: list[Result] = [None] * len(ops)
         with self._lock:
             i = 0
@@ -328,6 +466,10 @@ class HierMemStore(BaseStore):
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Async :meth:`batch`, run in a worker thread so the event loop is not blocked."""
         return await asyncio.to_thread(self.batch, list(ops))
+
+    def _check_put(self, op: PutOp) -> PutOp:
+        """A valid put as it is to be applied (a durable store checks and normalises it here)."""
+        return op
 
     # ------------------------------------------------------------------ puts
     def _texts(self, value: Mapping[str, Any], index: Any) -> list[tuple[str, str]]:
@@ -358,23 +500,61 @@ class HierMemStore(BaseStore):
         for op in ops:  # the last put of a key wins
             last.pop((tuple(op.namespace), op.key), None)
             last[(tuple(op.namespace), op.key)] = op
-        by_ns: dict[Namespace, list[PutOp]] = {}
+        by_ns: dict[Namespace, list[PutOp]] = {tuple(op.namespace): [] for op in ops}
         for (ns, _), op in last.items():
-            by_ns.setdefault(ns, []).append(op)
+            by_ns[ns].append(op)
+        moves = self._moves(ops)
         added: list[_Added] = []
+        now = datetime.now(timezone.utc)
         try:
             for ns, group in by_ns.items():
                 added.append(self._add_texts(ns, group, added))
+                added[-1].appended, added[-1].removed = moves[ns]
+            self._commit_puts(added, now)
         except BaseException:
             for a in added:
                 for lids in a.leaves.values():
                     self._forget(a.space, "", lids, warn=False)
+            self._undo_puts(added)
             raise
         for a in added:
-            self._finish_puts(a)
+            self._finish_puts(a, now)
+
+    def _moves(self, ops: list[PutOp]) -> dict[Namespace, tuple[list[str], set[str]]]:
+        """Per namespace, the keys a run of puts appends (in order) and removes from their place, as the
+        puts one by one would: an update keeps an item's place, a delete and a new put move it last."""
+        moves: dict[Namespace, tuple[list[str], set[str], set[str]]] = {}
+        for op in ops:
+            ns = tuple(op.namespace)
+            if ns not in moves:
+                space = self._spaces.get(ns)
+                moves[ns] = ([], set(), set(space.items) if space is not None else set())
+            appended, removed, present = moves[ns]
+            if op.value is None:
+                if op.key in present:
+                    present.discard(op.key)
+                    if op.key in appended:
+                        appended.remove(op.key)
+                    else:
+                        removed.add(op.key)
+            elif op.key not in present:
+                present.add(op.key)
+                appended.append(op.key)
+        return {ns: (appended, removed) for ns, (appended, removed, _) in moves.items()}
+
+    def _commit_puts(self, added: list[_Added], now: datetime) -> None:
+        """Every namespace's new texts are in; make the run's items durable (nothing to do in RAM).
+
+        Raises:
+            HierMemError: the run cannot be committed; the new texts are deleted again and nothing changes.
+        """
+
+    def _undo_puts(self, added: list[_Added]) -> None:
+        """A run of puts failed and its new texts were deleted again (a durable store cleans up here)."""
 
     def _add_texts(self, ns: Namespace, ops: list[PutOp], pending: list[_Added]) -> _Added:
         space = self._spaces.get(ns) or _Space()
+        self._memory(ns, space)
         messages: list[Message] = []
         for op in ops:
             if op.value is None:
@@ -393,7 +573,7 @@ class HierMemStore(BaseStore):
                 added.texts.setdefault(m.id or "", []).append(m.text)
         return added
 
-    def _finish_puts(self, a: _Added) -> None:
+    def _finish_puts(self, a: _Added, now: datetime) -> None:
         """The new texts are in: forget the old texts of updated / deleted keys, then update the items."""
         space = a.space
         for op in a.ops:
@@ -404,15 +584,15 @@ class HierMemStore(BaseStore):
             if left:
                 space.leaves[op.key] = left
                 space.texts[op.key] = [*a.texts.get(op.key, []), *old_texts[len(old) - len(stale) :]]
-        now = datetime.now(timezone.utc)
-        for op in a.ops:
-            if op.value is None:
-                space.items.pop(op.key, None)
-                continue
-            prev = space.items.get(op.key)
-            space.items[op.key] = Item(
-                value=dict(op.value),
-                key=op.key,
+        final = {op.key: op for op in a.ops}
+        for key in a.removed:
+            space.items.pop(key, None)
+        kept = [k for k, op in final.items() if op.value is not None and k in space.items]
+        for key in [*kept, *a.appended]:
+            prev = space.items.get(key)
+            space.items[key] = Item(
+                value=dict(final[key].value or {}),
+                key=key,
                 namespace=a.ns,
                 created_at=prev.created_at if prev is not None else now,
                 updated_at=now,
@@ -460,7 +640,7 @@ class HierMemStore(BaseStore):
         if not op.query:
             out = [self._search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
             return out[op.offset : want]
-        rankings = [self._ranked(s, op.query, want, keep) for _, s in spaces]
+        rankings = [self._ranked(ns, s, op.query, want, keep) for ns, s in spaces]
         ranked: list[SearchItem] = []
         for r in range(max((len(x) for x in rankings), default=0)):
             ranked.extend(sorted((x[r] for x in rankings if r < len(x)), key=lambda it: -(it.score or 0.0)))
@@ -473,9 +653,11 @@ class HierMemStore(BaseStore):
             )
         return ranked[op.offset : want]
 
-    def _ranked(self, space: _Space, query: str, want: int, keep: Callable[[Item], bool]) -> list[SearchItem]:
+    def _ranked(
+        self, ns: Namespace, space: _Space, query: str, want: int, keep: Callable[[Item], bool]
+    ) -> list[SearchItem]:
         """Items of one namespace for a query, best first (at most ``want``)."""
-        mem = space.memory
+        mem = self._memory(ns, space)
         if mem is None or len(mem) == 0:
             return []
         # hits never repeat a text: a leaf hit also stands for the other keys that indexed the same text
