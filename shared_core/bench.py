@@ -649,7 +649,10 @@ def throughput(kinds: Sequence[str], turns: int = 300) -> dict[str, Any]:
     """Messages per second added into each memory built on the embedded defaults (real embedder, no LLM).
 
     The first ``turns`` turns of the bundled RealMem excerpt are added one ``add`` per session; every
-    memory embeds its own texts (no cache). Flat dense retrieval over the same turns is measured beside.
+    memory embeds its own texts (no cache). Flat dense retrieval over the same turns is measured beside:
+    it embeds the same messages with the same batching and nothing else, so each memory's
+    ``cpu_ratio_to_embedding`` (its CPU seconds over flat dense's) is what the memory costs per message
+    as a multiple of embedding the message.
 
     Args:
         kinds: memory kinds. turns: number of turns (>= 1), default 300.
@@ -657,7 +660,7 @@ def throughput(kinds: Sequence[str], turns: int = 300) -> dict[str, Any]:
     Returns:
         ``{"turns", "sessions", "embedder", "results": {name: {"seconds", "cpu_seconds",
         "messages_per_second", "messages_per_cpu_second", "embed_calls_per_message",
-        "embedded_texts_per_message"}}}``.
+        "embedded_texts_per_message", "cpu_ratio_to_embedding"}}}``.
 
     Raises:
         InvalidInputError: ``turns`` < 1.
@@ -675,8 +678,8 @@ def throughput(kinds: Sequence[str], turns: int = 300) -> dict[str, Any]:
     emb = LocalEmbedder()
     emb.embed(["warm-up"])  # load the model before timing
     classes = _memory_classes()
-    makers: dict[str, Callable[[], Any]] = {k: (lambda c=classes[k]: c(embedder=emb)) for k in kinds}
-    makers["flat_dense"] = lambda: FlatDense(emb)
+    makers: dict[str, Callable[[], Any]] = {"flat_dense": lambda: FlatDense(emb)}
+    makers.update({k: (lambda c=classes[k]: c(embedder=emb)) for k in kinds})
     res: dict[str, Any] = {}
     for name, make in makers.items():
         obj = make()
@@ -692,7 +695,9 @@ def throughput(kinds: Sequence[str], turns: int = 300) -> dict[str, Any]:
             "messages_per_cpu_second": len(msgs) / cpu if cpu > 0 else None,
             "embed_calls_per_message": u.embed_calls / len(msgs),
             "embedded_texts_per_message": u.embedded_texts / len(msgs),
+            "cpu_ratio_to_embedding": _ratio(cpu, res["flat_dense"]["cpu_seconds"] if res else cpu),
         }
+    res["flat_dense"] = res.pop("flat_dense")  # listed after the memories, as before
     return {"turns": len(msgs), "sessions": len(sessions), "embedder": emb.name, "results": res}
 
 
@@ -942,13 +947,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"{tp['sessions']} sessions, "
             f"{tp['embedder']}, no LLM)",
             "",
-            "| method | messages/s (wall) | messages per CPU-second | embedding calls/msg "
-            "| embedded texts/msg |",
-            "|---|---:|---:|---:|---:|",
+            "| method | messages/s (wall) | messages per CPU-second | CPU per message, x embedding it "
+            "| embedding calls/msg | embedded texts/msg |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for name, v in tp["results"].items():
             lines.append(
                 f"| {name} | {_f(v['messages_per_second'], 1)} | {_f(v['messages_per_cpu_second'], 1)} | "
+                f"{_f(v.get('cpu_ratio_to_embedding'), 2)} | "
                 f"{_f(v['embed_calls_per_message'], 2)} | {_f(v['embedded_texts_per_message'], 2)} |"
             )
     return "\n".join(lines) + "\n"

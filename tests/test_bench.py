@@ -161,6 +161,10 @@ def test_run_bench_through_the_cli(tmp_path):
     assert tp["turns"] == 3 and set(tp["results"]) == {"segtree", "hat", "flat_dense"}
     for v in tp["results"].values():
         assert v["messages_per_second"] > 0 and v["embed_calls_per_message"] > 0
+    flat_cpu = tp["results"]["flat_dense"]["cpu_seconds"]
+    for name, v in tp["results"].items():
+        assert v["cpu_ratio_to_embedding"] == pytest.approx(v["cpu_seconds"] / flat_cpu), name
+    assert list(tp["results"])[-1] == "flat_dense"
     md = (out / "bench.md").read_text()
     assert "| segtree:top_down | 80 |" in md and "Embedded-default throughput" in md
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
