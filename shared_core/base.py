@@ -1044,8 +1044,10 @@ class HierarchicalMemory(abc.ABC):
         )
 
     def __len__(self) -> int:
-        """Number of stored messages (leaves)."""
-        return self._store.n_leaves
+        """Number of stored messages (leaves), after catching up with a shared store (see :meth:`refresh`)."""
+        with self._lock:
+            self._sync_store()
+            return self._store.n_leaves
 
     @property
     def usage(self) -> Usage:
@@ -1058,9 +1060,11 @@ class HierarchicalMemory(abc.ABC):
         Returns:
             dict with ``nodes``, ``leaves`` (ints), ``max_depth``, ``mean_depth`` (over leaves),
             ``mean_branching`` (children per internal node), ``internal_nodes``, ``usage`` (cumulative
-            construction usage), ``query_usage``, plus algorithm-specific figures.
+            construction usage), ``query_usage``, plus algorithm-specific figures; read after catching
+            up with a shared store (see :meth:`refresh`).
         """
         with self._lock:
+            self._sync_store()
             st = self._store
             depths = st.depths()
             leaf_depths = [depths[i] for i in st.leaf_at.values() if i in depths]
@@ -1080,7 +1084,10 @@ class HierarchicalMemory(abc.ABC):
             return out
 
     def to_dict(self) -> dict[str, Any]:
-        """The whole memory as plain data (JSON-serialisable): format, kind, config, state, tree, usage."""
+        """The whole memory as plain data (JSON-serialisable): format, kind, config, state, tree, usage.
+
+        The in-process state as it is (no catch-up with a shared store: call :meth:`refresh` first for
+        that), so it also works while the store is unreachable."""
         with self._lock:
             return {
                 "format": self.FORMAT_VERSION,
@@ -1226,7 +1233,8 @@ class HierarchicalMemory(abc.ABC):
 
     def refresh(self) -> None:
         """Apply now what other processes committed to the attached shared store (PostgreSQL); ``add``,
-        ``delete`` and ``retrieve`` do this themselves. A no-op without a store or with an SQLite one.
+        ``delete``, ``retrieve``, ``len()`` and ``stats()`` do this themselves. A no-op
+        without a store or with an SQLite one.
 
         Raises:
             PersistenceError: the store cannot be read (the memory is unchanged).

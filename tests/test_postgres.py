@@ -637,3 +637,14 @@ def test_processes_share_a_namespace_and_one_is_killed_mid_add(pg_url):
             assert data == stripped(team.to_dict())  # every process holds the same memory
             assert hits == want_hits  # and answers the same top-k
     team.close_store()
+
+
+def test_len_and_stats_catch_up_with_other_processes(pg_url):
+    a = _open("segtree", pg_url, "counts")
+    b = _open("segtree", pg_url, "counts")
+    a.add([message_text(i) for i in range(4)])
+    assert len(b) == 4 and b.stats()["leaves"] == 4  # no refresh() needed
+    a.delete(a._store.leaves()[0])
+    assert b.stats()["leaves"] == len(b) == 3
+    a.close_store()
+    b.close_store()
