@@ -12,17 +12,22 @@ Persistence: the index registers a :class:`HierMemVectorStore` in its storage co
 ``persist_dir/hiermem/<index_id>`` (the core's JSON + FAISS format; never pickle). Reload with
 ``SegTreeIndex.from_persist_dir(persist_dir)`` or
 :func:`load_index_from_storage(StorageContext.from_defaults(persist_dir=d), persist_dir=d)
-<load_index_from_storage>`.
+<load_index_from_storage>`. Like LlamaIndex's own stores, all of these take an fsspec filesystem ``fs=``
+(e.g. ``fsspec.filesystem("memory")``, S3, GCS): the memory is written to a local temporary directory
+by the core and its files are copied through ``fs`` (and back on load).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+import posixpath
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,7 +45,11 @@ from llama_index.core.vector_stores.types import (
 )
 
 from shared_core.base import HierarchicalMemory
+from shared_core.persist import _CURRENT as SAVE_POINTER
+from shared_core.persist import _MEMORY as SAVE_MANIFEST
+from shared_core.persist import read_save
 from shared_core.types import (
+    HierMemError,
     InvalidInputError,
     Message,
     NodeNotFoundError,
@@ -73,6 +82,154 @@ def _store_key(index_id: str) -> str:
 
 def _memory_path(persist_dir: str | os.PathLike[str], index_id: str) -> Path:
     return Path(persist_dir) / MEMORY_DIR / index_id
+
+
+# =========================================================================== fsspec transfer
+def _local_dir(path: str | os.PathLike[str], fs: Any) -> Path | None:
+    """``path`` as a local directory when ``fs`` is ``None`` or the local filesystem, else ``None``."""
+    if fs is None:
+        return Path(path)
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(fs, LocalFileSystem):
+        return Path(fs._strip_protocol(os.fspath(path)))
+    return None
+
+
+def _fs_path(fs: Any, path: str | os.PathLike[str]) -> str:
+    """``path`` in ``fs``'s own form (protocol removed)."""
+    return str(fs._strip_protocol(os.fspath(path)))
+
+
+def _fs_join(base: str, *parts: str) -> str:
+    """Join fsspec path parts with ``/`` (``base`` may be ``""`` or ``"/"``)."""
+    head = base if not base or base.endswith("/") else base + "/"
+    return head + "/".join(parts)
+
+
+def _fs_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _fs_failure(e: Exception, doing: str, where: str, fs: Any) -> PersistenceError:
+    return PersistenceError(f"Cannot {doing} {where} through {type(fs).__name__}: {type(e).__name__}: {e}")
+
+
+def _check_snapshot_name(name: str, where: str) -> str:
+    if not name.startswith("snapshot-") or "/" in name or "\\" in name or ".." in name:
+        raise PersistenceError(f"{where} names an invalid snapshot; the save is corrupt.")
+    return name
+
+
+def _upload_save(local: Path, fs: Any, remote: str) -> None:
+    """Copy the core save directory ``local`` to ``remote`` in ``fs``.
+
+    The snapshot's files are written first and the pointer file last, then older snapshots are removed,
+    so an interrupted upload leaves the previous save readable.
+
+    Raises:
+        PersistenceError: ``remote`` is a file or a non-empty directory that is not a hiermem save, or
+            ``fs`` failed.
+    """
+    try:
+        if fs.isfile(remote):
+            raise PersistenceError(f"{remote} is a file; give a directory path to save into.")
+        present = {_fs_name(p) for p in fs.ls(remote, detail=False)} if fs.isdir(remote) else set()
+        if present and SAVE_POINTER not in present:
+            raise PersistenceError(
+                f"{remote} is a non-empty directory that is not a hiermem save; choose an empty or new "
+                "directory."
+            )
+        snapshot = (local / SAVE_POINTER).read_text(encoding="utf-8").strip()
+        fs.makedirs(_fs_join(remote, snapshot), exist_ok=True)
+        for f in sorted((local / snapshot).iterdir()):
+            fs.put_file(str(f), _fs_join(remote, snapshot, f.name))
+        fs.pipe_file(_fs_join(remote, SAVE_POINTER), snapshot.encode("utf-8"))
+        for name in sorted(present):
+            if name != snapshot and name.startswith("snapshot-"):
+                fs.rm(_fs_join(remote, name), recursive=True)
+    except HierMemError:
+        raise
+    except Exception as e:
+        raise _fs_failure(e, "save the memory to", remote, fs) from e
+
+
+def _download_save(fs: Any, remote: str, local: Path, *, manifest_only: bool = False) -> Path:
+    """Copy the save at ``remote`` in ``fs`` into the new local directory ``local``; return ``local``.
+
+    Args:
+        fs: the fsspec filesystem.
+        remote: the save directory in ``fs``.
+        local: a local path that does not exist yet.
+        manifest_only: copy only the memory file (enough to read the memory's kind).
+
+    Raises:
+        PersistenceError: ``remote`` is not a hiermem save, or ``fs`` failed.
+    """
+    pointer = _fs_join(remote, SAVE_POINTER)
+    try:
+        try:
+            raw = fs.cat_file(pointer)
+        except FileNotFoundError:
+            raise PersistenceError(
+                f"{remote} is not a saved hiermem memory (no {SAVE_POINTER} file); save one with "
+                "index.storage_context.persist(persist_dir, fs=fs)."
+            ) from None
+        snapshot = _check_snapshot_name(raw.decode("utf-8", "replace").strip(), pointer)
+        (local / snapshot).mkdir(parents=True)
+        (local / SAVE_POINTER).write_text(snapshot, encoding="utf-8")
+        src_dir = _fs_join(remote, snapshot)
+        names = [SAVE_MANIFEST] if manifest_only else [_fs_name(p) for p in fs.ls(src_dir, detail=False)]
+        for name in names:
+            src = _fs_join(src_dir, name)
+            if name not in ("", ".", "..") and fs.isfile(src):
+                fs.get_file(src, str(local / snapshot / name))
+    except HierMemError:
+        raise
+    except Exception as e:
+        raise _fs_failure(e, "read the memory saved in", remote, fs) from e
+    return local
+
+
+def _save_memory(
+    memory: HierarchicalMemory, persist_dir: str | os.PathLike[str], index_id: str, fs: Any
+) -> None:
+    """Save ``memory`` to ``persist_dir/hiermem/<index_id>``, on the local disk or through ``fs``."""
+    local = _local_dir(persist_dir, fs)
+    if local is not None:
+        memory.save(_memory_path(local, index_id))
+        return
+    with tempfile.TemporaryDirectory(prefix="hiermem-save-") as tmp:
+        saved = memory.save(Path(tmp) / "save")
+        _upload_save(saved, fs, _fs_join(_fs_path(fs, persist_dir), MEMORY_DIR, index_id))
+
+
+@contextlib.contextmanager
+def _readable_save(
+    persist_dir: str | os.PathLike[str], index_id: str, fs: Any, *, manifest_only: bool = False
+) -> Iterator[Path | None]:
+    """A local directory holding the memory saved for ``index_id`` (``None`` when there is none).
+
+    With a remote ``fs`` the save is copied into a temporary directory that lives as long as the context.
+
+    Raises:
+        PersistenceError: the save cannot be read through ``fs``.
+    """
+    local = _local_dir(persist_dir, fs)
+    if local is not None:
+        path = _memory_path(local, index_id)
+        yield path if path.exists() else None
+        return
+    remote = _fs_join(_fs_path(fs, persist_dir), MEMORY_DIR, index_id)
+    try:
+        exists = bool(fs.exists(remote))
+    except Exception as e:
+        raise _fs_failure(e, "look for the memory in", remote, fs) from e
+    if not exists:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="hiermem-load-") as tmp:
+        yield _download_save(fs, remote, Path(tmp) / "save", manifest_only=manifest_only)
 
 
 # =========================================================================== storage-context entry
@@ -163,21 +320,25 @@ class HierMemVectorStore(BasePydanticVectorStore):
     def persist(self, persist_path: str, fs: Any = None) -> None:
         """Save the memory beside ``persist_path``: to ``dirname(persist_path)/hiermem/<index_id>``.
 
-        Called by ``StorageContext.persist(persist_dir)`` (``persist_path`` is then
+        Called by ``StorageContext.persist(persist_dir, fs=fs)`` (``persist_path`` is then
         ``persist_dir/hiermem-<index_id>__vector_store.json``; no file is written under that name).
 
-        Raises:
-            PersistenceError: ``fs`` is not the local filesystem, or the save failed.
-        """
-        if fs is not None:
-            from fsspec.implementations.local import LocalFileSystem
+        Args:
+            persist_path: the store's file path inside the persist directory.
+            fs: an fsspec filesystem to write through (e.g. ``fsspec.filesystem("memory")`` or S3);
+                default ``None`` = the local disk. The local filesystem is written directly; any other is
+                given a copy of a save written to a local temporary directory (snapshot files first, the
+                pointer file last, so an interrupted upload leaves the previous save readable).
 
-            if not isinstance(fs, LocalFileSystem):
-                raise PersistenceError(
-                    "hiermem memories are saved to a local directory; call persist() without fs= "
-                    f"(got {type(fs).__name__})."
-                )
-        self._index.memory.save(_memory_path(os.path.dirname(str(persist_path)), self._index.index_id))
+        Raises:
+            PersistenceError: the save could not be written (e.g. the target is a file, a non-empty
+                directory that is not a save, or ``fs`` failed).
+        """
+        if fs is None:
+            directory: str = os.path.dirname(str(persist_path))
+        else:
+            directory = posixpath.dirname(_fs_path(fs, persist_path))
+        _save_memory(self._index.memory, directory, self._index.index_id, fs)
 
 
 # =========================================================================== indices
@@ -198,6 +359,8 @@ class HierMemIndex(BaseIndex[IndexGraph]):
             ``Settings.llm`` when set, else no LLM (extractive summaries).
         persist_dir: with ``index_struct``: the directory given to ``storage_context.persist`` whose
             memory to load; default ``None``.
+        fs: with ``index_struct``: the fsspec filesystem ``persist_dir`` is in; default ``None`` = the
+            local disk.
         index_struct: a stored ``IndexGraph`` (reload path, used by :func:`load_index_from_storage`).
         storage_context: LlamaIndex storage (docstore, index store, ...); default a new in-memory one.
         callback_manager: LlamaIndex callbacks; default ``Settings.callback_manager``.
@@ -210,7 +373,7 @@ class HierMemIndex(BaseIndex[IndexGraph]):
     Raises:
         InvalidInputError: a node without text, with non-JSON metadata or already stored; an option the
             memory does not take; ``memory`` together with models or options; a reload without
-            ``persist_dir``.
+            ``persist_dir``; ``fs`` without ``index_struct``.
         PersistenceError, VersionMismatchError: the saved memory cannot be loaded.
 
     References:
@@ -230,6 +393,7 @@ class HierMemIndex(BaseIndex[IndexGraph]):
         embed_model: Any = None,
         llm: Any = None,
         persist_dir: str | os.PathLike[str] | None = None,
+        fs: Any = None,
         index_struct: IndexGraph | None = None,
         storage_context: StorageContext | None = None,
         callback_manager: CallbackManager | None = None,
@@ -237,6 +401,11 @@ class HierMemIndex(BaseIndex[IndexGraph]):
         show_progress: bool = False,
         **memory_kwargs: Any,
     ) -> None:
+        if fs is not None and index_struct is None:
+            raise InvalidInputError(
+                "fs= is for reloading a persisted index (with index_struct and persist_dir); to save "
+                "through a filesystem call index.storage_context.persist(persist_dir, fs=fs)."
+            )
         if memory is not None:
             if embed_model is not None or llm is not None or memory_kwargs:
                 raise InvalidInputError(
@@ -260,7 +429,7 @@ class HierMemIndex(BaseIndex[IndexGraph]):
                     f"Rebuilding {type(self).__name__} from a stored index needs its memory: pass "
                     "persist_dir=<the directory given to storage_context.persist()> (or memory=...)."
                 )
-            memory = self._load_memory(index_struct.index_id, persist_dir, embed_model, llm)
+            memory = self._load_memory(index_struct.index_id, persist_dir, embed_model, llm, fs)
         else:
             memory = self._new_memory(embed_model, llm, memory_kwargs)
         self._memory: HierarchicalMemory = memory
@@ -312,12 +481,20 @@ class HierMemIndex(BaseIndex[IndexGraph]):
             raise InvalidInputError(f"{mem_cls.__name__} does not take these options: {e}.") from None
 
     def _load_memory(
-        self, index_id: str, persist_dir: str | os.PathLike[str], embed_model: Any, llm: Any
+        self, index_id: str, persist_dir: str | os.PathLike[str], embed_model: Any, llm: Any, fs: Any = None
     ) -> HierarchicalMemory:
         mem_cls = self.memory_class() if self.memory_module else HierarchicalMemory
-        return mem_cls.load(
-            _memory_path(persist_dir, index_id), embedder=resolve_embedder(embed_model), llm=resolve_llm(llm)
-        )
+        embedder, core_llm = resolve_embedder(embed_model), resolve_llm(llm)
+        local = _local_dir(persist_dir, fs)
+        if local is not None:  # read in place (the core's own error for a missing save)
+            return mem_cls.load(_memory_path(local, index_id), embedder=embedder, llm=core_llm)
+        with _readable_save(persist_dir, index_id, fs) as path:
+            if path is None:
+                raise PersistenceError(
+                    f"No hiermem memory saved for index {index_id!r} in {persist_dir}; save one with "
+                    "index.storage_context.persist(persist_dir, fs=fs)."
+                )
+            return mem_cls.load(path, embedder=embedder, llm=core_llm)
 
     @property
     def memory(self) -> HierarchicalMemory:
@@ -565,13 +742,18 @@ class HierMemIndex(BaseIndex[IndexGraph]):
         )
 
     # ------------------------------------------------------------------ persistence
-    def persist(self, persist_dir: str | os.PathLike[str], **kwargs: Any) -> None:
-        """``self.storage_context.persist(persist_dir)``: LlamaIndex stores plus the memory.
+    def persist(self, persist_dir: str | os.PathLike[str], fs: Any = None, **kwargs: Any) -> None:
+        """``self.storage_context.persist(persist_dir, fs=fs)``: LlamaIndex stores plus the memory.
+
+        Args:
+            persist_dir: the directory to save into.
+            fs: an fsspec filesystem to write through; default ``None`` = the local disk.
+            **kwargs: other ``StorageContext.persist`` arguments (file names).
 
         Raises:
             PersistenceError: the memory could not be saved.
         """
-        self._storage_context.persist(persist_dir, **kwargs)
+        self._storage_context.persist(persist_dir, fs=fs, **kwargs)
 
     @classmethod
     def from_persist_dir(
@@ -581,9 +763,10 @@ class HierMemIndex(BaseIndex[IndexGraph]):
         *,
         embed_model: Any = None,
         llm: Any = None,
+        fs: Any = None,
         **kwargs: Any,
     ) -> HierMemIndex:
-        """Reload an index saved with ``index.storage_context.persist(persist_dir)``.
+        """Reload an index saved with ``index.storage_context.persist(persist_dir, fs=fs)``.
 
         Args:
             persist_dir: the directory given to ``persist``.
@@ -591,19 +774,26 @@ class HierMemIndex(BaseIndex[IndexGraph]):
             embed_model: the embedding model to use from now on (must give the saved dimension); default
                 resolved as at construction (``Settings.embed_model`` when set, else the local model).
             llm: the LLM to use from now on; default resolved as at construction.
+            fs: the fsspec filesystem ``persist_dir`` is in; default ``None`` = the local disk.
             **kwargs: other index arguments (``callback_manager``, ``transformations``, ...).
 
         Returns:
             The index, with the same tree, docstore and ids.
 
         Raises:
-            PersistenceError: no index of this class in ``persist_dir``, or a corrupt save.
+            PersistenceError: ``persist_dir`` does not exist or holds no index of this class, or a corrupt
+                save.
             InvalidInputError: several indices of this class and no ``index_id``.
             VersionMismatchError: ``index_id`` names an index of another class.
         """
-        sc = StorageContext.from_defaults(persist_dir=str(persist_dir))
+        try:
+            sc = StorageContext.from_defaults(persist_dir=str(persist_dir), fs=fs)
+        except FileNotFoundError as e:
+            raise PersistenceError(
+                f"No saved index in {persist_dir} ({e}); save one with index.storage_context.persist(dir)."
+            ) from e
         want = None if cls.memory_module is None else cls.memory_class().kind
-        found = _saved_indices(sc, persist_dir, index_id)
+        found = _saved_indices(sc, persist_dir, index_id, fs)
         if index_id is None and want is not None:
             found = [(s, k) for s, k in found if k == want]
         if not found:
@@ -625,6 +815,7 @@ class HierMemIndex(BaseIndex[IndexGraph]):
             index_struct=struct,
             storage_context=sc,
             persist_dir=persist_dir,
+            fs=fs,
             embed_model=embed_model,
             llm=llm,
             **kwargs,
@@ -710,11 +901,12 @@ def _index_class_for_kind(kind: str) -> type[HierMemIndex]:
 
 
 def _saved_indices(
-    storage_context: StorageContext, persist_dir: str | os.PathLike[str], index_id: str | None
+    storage_context: StorageContext,
+    persist_dir: str | os.PathLike[str],
+    index_id: str | None,
+    fs: Any = None,
 ) -> list[tuple[IndexGraph, str]]:
-    """``(index_struct, memory kind)`` of the hiermem indices saved in ``persist_dir``."""
-    from shared_core.persist import read_save
-
+    """``(index_struct, memory kind)`` of the hiermem indices saved in ``persist_dir`` (in ``fs``)."""
     if index_id is not None:
         struct = storage_context.index_store.get_index_struct(index_id)
         if struct is None:
@@ -724,9 +916,11 @@ def _saved_indices(
         structs = storage_context.index_store.index_structs()
     out = []
     for s in structs:
-        path = _memory_path(persist_dir, s.index_id)
-        if isinstance(s, IndexGraph) and path.exists():
-            out.append((s, str(read_save(path)[0]["kind"])))
+        if not isinstance(s, IndexGraph):
+            continue
+        with _readable_save(persist_dir, s.index_id, fs, manifest_only=True) as path:
+            if path is not None:
+                out.append((s, str(read_save(path)[0]["kind"])))
     if index_id is not None and not out:
         raise PersistenceError(f"Index {index_id!r} in {persist_dir} has no saved hiermem memory.")
     return out
@@ -737,6 +931,7 @@ def load_index_from_storage(
     index_id: str | None = None,
     *,
     persist_dir: str | os.PathLike[str] | None = None,
+    fs: Any = None,
     **kwargs: Any,
 ) -> HierMemIndex:
     """Reload a hiermem index: the counterpart of LlamaIndex's ``load_index_from_storage``.
@@ -745,10 +940,11 @@ def load_index_from_storage(
     index class from the saved memory's kind and loads the memory saved beside the stores.
 
     Args:
-        storage_context: ``StorageContext.from_defaults(persist_dir=persist_dir)``.
+        storage_context: ``StorageContext.from_defaults(persist_dir=persist_dir, fs=fs)``.
         index_id: which index, when several hiermem indices were persisted together; default ``None``.
         persist_dir: the directory given to ``storage_context.persist`` (required: the memories are
             saved under ``persist_dir/hiermem``).
+        fs: the fsspec filesystem ``persist_dir`` is in; default ``None`` = the local disk.
         **kwargs: index arguments (``embed_model``, ``llm``, ``callback_manager``, ...).
 
     Returns:
@@ -764,7 +960,7 @@ def load_index_from_storage(
             "load_index_from_storage needs persist_dir=<the directory given to storage_context.persist()>: "
             "the memories are saved under persist_dir/hiermem."
         )
-    found = _saved_indices(storage_context, persist_dir, index_id)
+    found = _saved_indices(storage_context, persist_dir, index_id, fs)
     if not found:
         raise PersistenceError(
             f"No hiermem index in {persist_dir}; save one with index.storage_context.persist(dir)."
@@ -774,4 +970,4 @@ def load_index_from_storage(
         raise InvalidInputError(f"{persist_dir} holds several hiermem indices ({ids}); pass index_id=.")
     struct, kind = found[0]
     cls = _index_class_for_kind(kind)
-    return cls(index_struct=struct, storage_context=storage_context, persist_dir=persist_dir, **kwargs)
+    return cls(index_struct=struct, storage_context=storage_context, persist_dir=persist_dir, fs=fs, **kwargs)

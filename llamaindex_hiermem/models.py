@@ -10,24 +10,22 @@
   explicit argument wins; else ``Settings.embed_model`` / ``Settings.llm`` when the user has set them;
   else the embedded defaults (the local embedder, no LLM). They never trigger LlamaIndex's implicit
   OpenAI default.
+
+The adapters only translate between LlamaIndex's calls and plain callables; checking, vector validation,
+dimension probing, error wrapping and usage counting are done once in :mod:`shared_core.models.adapt`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms import LLM as LlamaLLM
 
-from shared_core.models.base import validate_embeddings
-from shared_core.types import Completion, HierMemError, InvalidInputError, ModelError, Usage
+from shared_core.models import adapt
+from shared_core.types import InvalidInputError
 
 __all__ = [
     "HierMemEmbedding",
@@ -39,27 +37,25 @@ __all__ = [
     "resolve_llm",
 ]
 
-# Text embedded to learn the dimension of an embedding model when it is asked before any call.
-_DIM_PROBE = "dimension probe"
+
+def _source(model: object) -> str:
+    return f"the LlamaIndex model {type(model).__name__}"
 
 
-def _wrap_error(exc: BaseException, what: str, model: object) -> HierMemError:
-    if isinstance(exc, HierMemError):
-        return exc
-    return ModelError(
-        f"{what} with the LlamaIndex model {type(model).__name__} failed: {type(exc).__name__}: {exc}. "
-        "Check the model's configuration (credentials, endpoint, model name)."
-    )
+def _message(role: str, content: str) -> ChatMessage:
+    return ChatMessage(role=MessageRole(role), content=content)
 
 
 # =========================================================================== embeddings
-class LlamaIndexEmbedder:
+class LlamaIndexEmbedder(adapt.CallableEmbedder):
     """A LlamaIndex ``BaseEmbedding`` as a hiermem :class:`~shared_core.models.base.Embedder`.
 
     Every text (stored messages, annotations and queries alike) is embedded with
     ``get_text_embedding_batch`` / ``aget_text_embedding_batch`` (one call per batch; the model splits it
     by its own ``embed_batch_size``), because the core compares queries and node texts in one vector
-    space; query instructions of asymmetric models are therefore not applied.
+    space; query instructions of asymmetric models are therefore not applied. ``embed`` / ``aembed`` /
+    ``dim`` behave as in :class:`~shared_core.models.adapt.CallableEmbedder` (``ModelError`` when the
+    LlamaIndex model raises, ``EmbeddingError`` for vectors of the wrong shape or with NaN).
 
     Args:
         embed_model: any LlamaIndex embedding model (e.g. ``OpenAIEmbedding``, ``HuggingFaceEmbedding``).
@@ -79,66 +75,13 @@ class LlamaIndexEmbedder:
                 f"LlamaIndexEmbedder needs a LlamaIndex BaseEmbedding, got {type(embed_model).__name__}; "
                 "pass a core embedder (with embed(texts)) to the memory directly instead."
             )
-        if dim is not None and (isinstance(dim, bool) or int(dim) < 1):
-            raise InvalidInputError(f"dim must be a positive integer or None, got {dim!r}.")
         self.embed_model = embed_model
-        self._dim = int(dim) if dim is not None else None
-        self._lock = threading.Lock()
-
-    @property
-    def dim(self) -> int:
-        """Vector dimension (learned from the first call when not given)."""
-        if self._dim is None:
-            self.embed([_DIM_PROBE])
-        assert self._dim is not None
-        return self._dim
-
-    @staticmethod
-    def _check(texts: Sequence[str]) -> list[str]:
-        texts = list(texts)
-        for t in texts:
-            if not isinstance(t, str):
-                raise InvalidInputError(f"LlamaIndexEmbedder.embed takes strings, got {type(t).__name__}.")
-        return texts
-
-    def _finish(self, raw: Any, n: int) -> np.ndarray:
-        arr = validate_embeddings(raw, n, self._dim)
-        with self._lock:
-            if self._dim is None:
-                self._dim = int(arr.shape[1])
-        return arr
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts`` with one ``get_text_embedding_batch`` call.
-
-        Returns:
-            ``float32`` array of shape ``(len(texts), dim)``; ``(0, dim)`` for an empty list (no call once
-            the dimension is known).
-
-        Raises:
-            InvalidInputError: an element is not a string.
-            EmbeddingError: the model returned the wrong number of rows, another dimension, or NaN.
-            ModelError: the LlamaIndex model raised.
-        """
-        texts = self._check(texts)
-        if not texts:
-            return np.zeros((0, self._dim or 0), dtype=np.float32)
-        try:
-            raw = self.embed_model.get_text_embedding_batch(texts)
-        except Exception as e:
-            raise _wrap_error(e, "Embedding", self.embed_model) from e
-        return self._finish(raw, len(texts))
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        """Async :meth:`embed` with ``aget_text_embedding_batch``. Returns / Raises: as :meth:`embed`."""
-        texts = self._check(texts)
-        if not texts:
-            return np.zeros((0, self._dim or 0), dtype=np.float32)
-        try:
-            raw = await self.embed_model.aget_text_embedding_batch(texts)
-        except Exception as e:
-            raise _wrap_error(e, "Embedding", self.embed_model) from e
-        return self._finish(raw, len(texts))
+        super().__init__(
+            embed_model.get_text_embedding_batch,
+            embed_model.aget_text_embedding_batch,
+            dim=dim,
+            source=_source(embed_model),
+        )
 
     def __repr__(self) -> str:
         return f"LlamaIndexEmbedder({type(self.embed_model).__name__}, dim={self._dim})"
@@ -168,20 +111,18 @@ class HierMemEmbedding(BaseEmbedding):
     _embedder: Any = PrivateAttr()
 
     def __init__(self, embedder: Any = None, embed_batch_size: int = 64, **kwargs: Any) -> None:
-        if embedder is None:
-            from shared_core.models.local import LocalEmbedder
-
-            embedder = LocalEmbedder()
-        if not callable(getattr(embedder, "embed", None)):
-            raise InvalidInputError(
-                f"HierMemEmbedding needs a core embedder with embed(texts), got {type(embedder).__name__}."
-            )
+        embedder = adapt.core_embedder(embedder, "HierMemEmbedding")
         kwargs.setdefault("model_name", str(getattr(embedder, "name", type(embedder).__name__)))
         super().__init__(embed_batch_size=embed_batch_size, **kwargs)
         self._embedder = embedder
 
     @classmethod
     def class_name(cls) -> str:
+        """LlamaIndex's serialisation name of this class.
+
+        Returns:
+            ``"HierMemEmbedding"``.
+        """
         return "HierMemEmbedding"
 
     @property
@@ -189,35 +130,27 @@ class HierMemEmbedding(BaseEmbedding):
         """The wrapped core embedder."""
         return self._embedder
 
-    def _rows(self, vecs: Any) -> list[list[float]]:
-        return np.asarray(vecs, dtype=np.float32).tolist()
-
-    async def _aembed(self, texts: list[str]) -> list[list[float]]:
-        if hasattr(self._embedder, "aembed"):
-            return self._rows(await self._embedder.aembed(texts))
-        return self._rows(await asyncio.to_thread(self._embedder.embed, texts))  # pragma: no cover
-
     def _get_query_embedding(self, query: str) -> list[float]:
-        return self._rows(self._embedder.embed([query]))[0]
+        return adapt.embed_rows(self._embedder, [query])[0]
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return (await self._aembed([query]))[0]
+        return (await adapt.aembed_rows(self._embedder, [query]))[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
-        return self._rows(self._embedder.embed([text]))[0]
+        return adapt.embed_rows(self._embedder, [text])[0]
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
-        return (await self._aembed([text]))[0]
+        return (await adapt.aembed_rows(self._embedder, [text]))[0]
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._rows(self._embedder.embed(list(texts))) if texts else []
+        return adapt.embed_rows(self._embedder, texts)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return await self._aembed(list(texts)) if texts else []
+        return await adapt.aembed_rows(self._embedder, texts)
 
 
 # =========================================================================== LLM
-class LlamaIndexLLM:
+class LlamaIndexLLM(adapt.CallableLLM):
     """A LlamaIndex ``LLM`` as a hiermem :class:`~shared_core.models.base.LLM`.
 
     A chat model (``llm.metadata.is_chat_model``) receives ``[system, user]`` chat messages through
@@ -230,7 +163,9 @@ class LlamaIndexLLM:
     models put the provider's counts there) or the raw response's ``usage``, else 0; ``llm_calls`` = 1 per
     call; ``seconds`` = wall time. Log-probabilities (natural log, one per answer token): read from the raw
     OpenAI-format response (``choices[0].logprobs.content``), else the first alternative of each entry of
-    the response's ``logprobs``, when asked for and present.
+    the response's ``logprobs``, when asked for and present. ``complete`` / ``acomplete`` raise
+    ``InvalidInputError`` for an empty prompt or a bad ``system`` / ``max_tokens``, and ``ModelError``
+    when the LlamaIndex model raises.
 
     Args:
         llm: a LlamaIndex LLM (e.g. ``llama_index.llms.openai.OpenAI``).
@@ -254,15 +189,8 @@ class LlamaIndexLLM:
             )
         self.llm = llm
         self.call_kwargs = dict(call_kwargs)
-        self._fields = set(getattr(type(llm), "model_fields", None) or {})
-        self._usage = Usage()
-        self._lock = threading.Lock()
-
-    @property
-    def usage(self) -> Usage:
-        """Cumulative usage since creation (a copy)."""
-        with self._lock:
-            return self._usage.copy()
+        self._fields = adapt.model_fields(llm)
+        super().__init__(self._call, self._acall, source=_source(llm))
 
     @property
     def _is_chat(self) -> bool:
@@ -274,48 +202,26 @@ class LlamaIndexLLM:
     def _prepare(
         self, prompt: str, system: str | None, max_tokens: int | None, logprobs: bool
     ) -> tuple[Any, dict[str, Any]]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InvalidInputError("prompt must be a non-empty string.")
-        if system is not None and not isinstance(system, str):
-            raise InvalidInputError(f"system must be a string or None, got {type(system).__name__}.")
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise InvalidInputError(f"max_tokens must be a positive int or None, got {max_tokens!r}.")
-        kw = dict(self.call_kwargs)
-        if max_tokens is not None and "max_tokens" in self._fields:
-            kw["max_tokens"] = max_tokens
-        if logprobs and "logprobs" in self._fields:
-            kw["logprobs"] = True
-        if self._is_chat:
-            msgs = [ChatMessage(role=MessageRole.SYSTEM, content=system)] if system else []
-            msgs.append(ChatMessage(role=MessageRole.USER, content=prompt))
-            return msgs, kw
-        return (f"{system}\n\n{prompt}" if system else prompt), kw
+        kw = adapt.optional_call_kwargs(
+            self.call_kwargs, self._fields, max_tokens=max_tokens, logprobs=logprobs
+        )
+        return adapt.prompt_input(prompt, system, _message if self._is_chat else None), kw
 
     @staticmethod
     def _counts(resp: Any) -> tuple[int, int]:
         extra = getattr(resp, "additional_kwargs", None) or {}
         if "prompt_tokens" in extra or "completion_tokens" in extra:
-            return int(extra.get("prompt_tokens") or 0), int(extra.get("completion_tokens") or 0)
-        raw = getattr(resp, "raw", None)
-        u = raw.get("usage") if isinstance(raw, dict) else getattr(raw, "usage", None)
-        if isinstance(u, dict):
-            return int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
-        return int(getattr(u, "prompt_tokens", 0) or 0), int(getattr(u, "completion_tokens", 0) or 0)
+            return adapt.read_token_counts(extra)
+        return adapt.read_token_counts(adapt.get_field(getattr(resp, "raw", None), "usage"))
 
     @staticmethod
     def _logprobs(resp: Any) -> list[float] | None:
         raw = getattr(resp, "raw", None)
         try:
-            if isinstance(raw, dict):
-                content = ((raw.get("choices") or [{}])[0].get("logprobs") or {}).get("content")
-                if content:
-                    return [float(t["logprob"]) for t in content]
-            elif raw is not None:
-                content = getattr(getattr(raw.choices[0], "logprobs", None), "content", None)
-                if content:
-                    return [float(t.logprob) for t in content]
+            choices = adapt.get_field(raw, "choices") or [None]
+            found = adapt.openai_logprobs(adapt.get_field(adapt.get_field(choices[0], "logprobs"), "content"))
+            if found is not None:
+                return found
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             pass
         lps = getattr(resp, "logprobs", None)
@@ -323,68 +229,27 @@ class LlamaIndexLLM:
             return [float(alts[0].logprob) for alts in lps if alts]
         return None
 
-    def _finish(self, resp: Any, seconds: float, logprobs: bool) -> Completion:
-        if self._is_chat:
-            text = resp.message.content or ""
-        else:
-            text = resp.text or ""
+    def _reply(self, resp: Any, logprobs: bool) -> adapt.Reply:
+        text = resp.message.content if self._is_chat else resp.text
         p, c = self._counts(resp)
-        usage = Usage(llm_calls=1, prompt_tokens=p, completion_tokens=c, seconds=seconds)
-        comp = Completion(text=str(text), usage=usage, logprobs=self._logprobs(resp) if logprobs else None)
-        with self._lock:
-            self._usage += usage
-        return comp
+        return adapt.Reply(
+            text=str(text or ""),
+            prompt_tokens=p,
+            completion_tokens=c,
+            logprobs=self._logprobs(resp) if logprobs else None,
+        )
 
-    def complete(
-        self,
-        prompt: str,
-        *,
-        system: str | None = None,
-        max_tokens: int | None = None,
-        logprobs: bool = False,
-    ) -> Completion:
-        """Complete ``prompt`` with one model call.
-
-        Args:
-            prompt: the user prompt (non-empty string).
-            system: an optional system instruction.
-            max_tokens: cap on completion tokens (sent when the model has a ``max_tokens`` field).
-            logprobs: ask for per-token log-probabilities (sent when the model has a ``logprobs`` field).
-
-        Returns:
-            :class:`~shared_core.types.Completion` with ``text``, ``usage`` and ``logprobs`` (or ``None``).
-
-        Raises:
-            InvalidInputError: empty prompt, bad ``system`` or ``max_tokens``.
-            ModelError: the LlamaIndex model raised.
-        """
+    def _call(self, prompt: str, system: str | None, max_tokens: int | None, logprobs: bool) -> adapt.Reply:
         inp, kw = self._prepare(prompt, system, max_tokens, logprobs)
-        t0 = time.perf_counter()
-        try:
-            resp = self.llm.chat(inp, **kw) if self._is_chat else self.llm.complete(inp, **kw)
-        except Exception as e:
-            raise _wrap_error(e, "Completion", self.llm) from e
-        return self._finish(resp, time.perf_counter() - t0, logprobs)
+        resp = self.llm.chat(inp, **kw) if self._is_chat else self.llm.complete(inp, **kw)
+        return self._reply(resp, logprobs)
 
-    async def acomplete(
-        self,
-        prompt: str,
-        *,
-        system: str | None = None,
-        max_tokens: int | None = None,
-        logprobs: bool = False,
-    ) -> Completion:
-        """Async :meth:`complete` (``achat`` / ``acomplete``). Args/Returns/Raises: as :meth:`complete`."""
+    async def _acall(
+        self, prompt: str, system: str | None, max_tokens: int | None, logprobs: bool
+    ) -> adapt.Reply:
         inp, kw = self._prepare(prompt, system, max_tokens, logprobs)
-        t0 = time.perf_counter()
-        try:
-            if self._is_chat:
-                resp = await self.llm.achat(inp, **kw)
-            else:
-                resp = await self.llm.acomplete(inp, **kw)
-        except Exception as e:
-            raise _wrap_error(e, "Completion", self.llm) from e
-        return self._finish(resp, time.perf_counter() - t0, logprobs)
+        resp = await (self.llm.achat(inp, **kw) if self._is_chat else self.llm.acomplete(inp, **kw))
+        return self._reply(resp, logprobs)
 
     def __repr__(self) -> str:
         return f"LlamaIndexLLM({type(self.llm).__name__})"
