@@ -33,6 +33,7 @@ from langgraph.store.base import (
 )
 
 from shared_core.base import HierarchicalMemory
+from shared_core.filters import message_filter
 from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
 
 from .models import LangChainEmbedder, as_core_embedder
@@ -48,7 +49,9 @@ MemoryFactory = Callable[..., HierarchicalMemory]
 
 # Fields used as an item's text when neither the store nor the put names any (in this order).
 DEFAULT_TEXT_FIELDS = ("text", "content")
-# At most this many rounds of widening the retrieval when hits collapse onto fewer keys than asked for.
+# At most this many rounds of widening the retrieval when hits collapse onto fewer keys than asked for
+# (a key indexed by several texts, a summary standing for keys already found; a filter is applied by the
+# memory before its top-k, so it collapses nothing).
 _MAX_WIDEN = 8
 
 
@@ -204,7 +207,10 @@ class HierMemStore(BaseStore):
     (a memory never returns one text twice); each item is kept once, at the score of its best hit.
     Over several namespaces the per-namespace rankings are interleaved by rank (scores of different
     memories are not on one scale). Non-indexed items matching the filter follow, without a score.
-    ``filter`` applies to item values (exact match, nested dicts, ``$eq $ne $gt $gte $lt $lte``).
+    ``filter`` applies to item values (exact match, nested dicts, ``$eq $ne $gt $gte $lt $lte``); a query
+    search hands it to the memory (``retrieve(where=...)``), which applies it before its top-k, so
+    ``limit`` matching items come back whenever that many exist (a summary's hit then counts only when
+    every item under it matches).
     Search without ``query`` lists items in namespace then insertion order. ``limit`` / ``offset``
     paginate both.
 
@@ -640,7 +646,7 @@ class HierMemStore(BaseStore):
         if not op.query:
             out = [self._search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
             return out[op.offset : want]
-        rankings = [self._ranked(ns, s, op.query, want, keep) for ns, s in spaces]
+        rankings = [self._ranked(ns, s, op.query, want, keep if op.filter else None) for ns, s in spaces]
         ranked: list[SearchItem] = []
         for r in range(max((len(x) for x in rankings), default=0)):
             ranked.extend(sorted((x[r] for x in rankings if r < len(x)), key=lambda it: -(it.score or 0.0)))
@@ -654,9 +660,15 @@ class HierMemStore(BaseStore):
         return ranked[op.offset : want]
 
     def _ranked(
-        self, ns: Namespace, space: _Space, query: str, want: int, keep: Callable[[Item], bool]
+        self, ns: Namespace, space: _Space, query: str, want: int, keep: Callable[[Item], bool] | None
     ) -> list[SearchItem]:
-        """Items of one namespace for a query, best first (at most ``want``)."""
+        """Items of one namespace for a query, best first (at most ``want``).
+
+        ``keep`` is the search's filter on items (``None``: every item). It is handed to the memory as
+        ``retrieve(where=...)``, so the memory ranks only the texts of matching items before its top-k
+        (see :meth:`_where`): ``want`` matching items come back whenever the namespace has them, however
+        far below other items they rank.
+        """
         mem = self._memory(ns, space)
         if mem is None or len(mem) == 0:
             return []
@@ -665,16 +677,19 @@ class HierMemStore(BaseStore):
         for key, texts in space.texts.items():
             for text in texts:
                 twins.setdefault(text, []).append(key)
+        params = dict(self.search_kwargs)
+        if keep is not None:
+            params["where"] = self._where(space, twins, keep, params.get("where"))
         k = want
         for _ in range(_MAX_WIDEN):
-            hits = mem.retrieve(query, k=k, policy=self.policy, **self.search_kwargs)
+            hits = mem.retrieve(query, k=k, policy=self.policy, **params)
             out: list[SearchItem] = []
             seen: set[str] = set()
             for h in hits:
                 keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
                 for key in keys:
                     item = space.items.get(key)
-                    if key in seen or item is None or not keep(item):
+                    if key in seen or item is None or (keep is not None and not keep(item)):
                         continue
                     seen.add(key)
                     out.append(self._search_item(item, h.score))
@@ -682,6 +697,44 @@ class HierMemStore(BaseStore):
                 return out[:want]
             k *= 2
         return out[:want]
+
+    @staticmethod
+    def _where(
+        space: _Space, twins: Mapping[str, list[str]], keep: Callable[[Item], bool], extra: Any = None
+    ) -> Callable[[Message], bool]:
+        """The ``where=`` predicate of a filtered query search over one namespace's memory.
+
+        A message (a leaf) passes when an item it stands for passes ``keep``: the item of its key (the
+        message id) or of another key that indexed the same text, as :meth:`_ranked` maps hits to items.
+        Leaves sharing a text thus pass or fail together, and a passing leaf ranks where it ranked without
+        the filter. A summary passes only when every leaf under it does (the core's rule).
+
+        Args:
+            space: the namespace (its items; they do not change while the search holds the lock).
+            twins: the keys that indexed each text.
+            keep: the filter on items.
+            extra: a ``where`` the store's ``search_kwargs`` give, which must hold as well (``None``:
+                none).
+
+        Raises:
+            InvalidInputError: an invalid ``extra`` condition.
+        """
+        also = message_filter(where=extra) if extra is not None else None
+        verdict: dict[str, bool] = {}
+
+        def passes(key: str) -> bool:
+            if key not in verdict:
+                item = space.items.get(key)
+                verdict[key] = item is not None and keep(item)
+            return verdict[key]
+
+        def where(message: Message) -> bool:
+            keys = [message.id] if message.id is not None else []
+            if not any(passes(key) for key in [*keys, *twins.get(message.text, ())]):
+                return False
+            return also is None or also.matches(message)
+
+        return where
 
     @staticmethod
     def _search_item(item: Item, score: float | None = None) -> SearchItem:

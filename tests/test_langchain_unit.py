@@ -709,6 +709,47 @@ def test_store_memory_always_mirrors_the_items(ops, batched):
     assert s.list_namespaces() == sorted(ns for ns, items in ref.items() if items)
 
 
+def test_store_filter_is_applied_before_top_k():
+    """``limit`` matching items come back even when far more non-matching ones rank above them.
+
+    400 non-matching items share three words with the query, the 3 matching ones none. The old search
+    retrieved ``k = 3, 6, ..., 384`` hits (8 doublings) and dropped the non-matching ones: 384 < 400, so
+    it found none of the 3. The filter now goes to the memory as ``where=``, before its top-k.
+    """
+    s = make_store(embedder=HashEmbedder())
+    near = [PutOp(NS, f"near{i}", {"text": f"alpha beta gamma n{i}", "kind": "near"}) for i in range(400)]
+    far = [PutOp(NS, f"far{i}", {"text": f"zeta eta theta f{i}", "kind": "far"}) for i in range(3)]
+    s.batch([*near, *far])
+    query = "alpha beta gamma"
+    top = s.get_memory(NS).retrieve(query, k=384)  # what the old loop saw last: no matching item
+    assert len(top) == 384 and not any(k.startswith("far") for h in top for k in h.source_ids)
+    res = s.search(NS, query=query, filter={"kind": "far"}, limit=3)
+    assert sorted(r.key for r in res) == ["far0", "far1", "far2"]
+    everything = s.search(NS, query=query, limit=1000)  # the filter keeps the unfiltered order and scores
+    want = [(r.key, r.score) for r in everything if r.value["kind"] == "far"]
+    assert [(r.key, r.score) for r in res] == want
+    assert [(r.key, r.score) for r in s.search(NS, query=query, filter={"kind": "far"}, limit=2)] == want[:2]
+    assert [r.key for r in s.search(NS, query=query, filter={"kind": "far"}, limit=3, offset=1)] == [
+        k for k, _ in want[1:]
+    ]
+    assert s.search(NS, query=query, filter={"kind": "none"}, limit=3) == []
+
+
+def test_store_filter_finds_a_key_that_shares_its_text_with_a_filtered_out_key():
+    """Hits never repeat a text: the hit of a shared text stands for every key that indexed it, so the
+    matching key is found at the score the shared text has without the filter."""
+    s = make_store()
+    s.put(NS, "a", {"text": FACTS[0], "n": 1})
+    s.put(NS, "b", {"text": FACTS[0], "n": 2})
+    s.put(NS, "c", {"text": FACTS[1], "n": 2})
+    everything = {r.key: r.score for r in s.search(NS, query=FACTS[0], limit=10)}
+    for n, key in ((1, "a"), (2, "b")):
+        hit = s.search(NS, query=FACTS[0], filter={"n": n}, limit=1)
+        assert [(r.key, r.score) for r in hit] == [(key, everything[key])]
+    both = s.search(NS, query=FACTS[0], filter={"n": {"$gte": 1}}, limit=10)
+    assert {r.key: r.score for r in both} == everything
+
+
 class FailOn:
     """An embedder that raises when asked to embed a given text."""
 

@@ -1,0 +1,549 @@
+"""The item tables of a :class:`~langchain_hiermem.store_durable.DurableHierMemStore`.
+
+The items of a durable LangGraph store (namespace, key, value as JSON, timestamps, the order of insertion
+and the memory leaves that index each item) are kept in three tables, created by ``setup`` (also on first
+open) and versioned by their ``meta`` row ``format``; in the SQLite file itself, or in the PostgreSQL
+schema ``hiermem_langgraph``::
+
+    meta(key PRIMARY KEY, value)             JSON values: kind, format, seq (one more per write)
+    spaces(ns PRIMARY KEY, pos)              namespaces (ASCII JSON of the tuple), in order of creation
+    items(ns, key, value, created_at, updated_at, pos, leaves)   PRIMARY KEY (ns, key); leaves is a
+                                             JSON list of [leaf id, text] of the item's memory leaves
+
+:class:`_SQLiteItems` and :class:`_PostgresItems` hold one connection each, owned by one process (SQLite:
+an exclusive lock on the file; PostgreSQL: a session advisory lock); a second opener gets
+:class:`~shared_core.types.PersistenceError`. A file or schema that is not a hiermem LangGraph store is
+refused before anything is written into it. A write runs its statements in ONE transaction that also
+advances ``seq``, and only when ``seq`` is still the one this process last wrote.
+
+References:
+    LangGraph ``PostgresStore.from_conn_string`` / ``SqliteStore.from_conn_string``;
+    :mod:`shared_core.stores`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shared_core.stores import is_postgres_url
+from shared_core.types import InvalidInputError, PersistenceError, VersionMismatchError
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["FORMAT", "KIND", "LOCK_CLASS", "SCHEMA", "Statement"]
+
+#: Version of the item tables (the ``format`` row of ``meta``).
+FORMAT = 1
+#: The ``kind`` row of ``meta``: what tells a hiermem LangGraph store from other databases.
+KIND = "hiermem-langgraph-store"
+#: The PostgreSQL schema of the item tables.
+SCHEMA = "hiermem_langgraph"
+#: First key of this module's PostgreSQL advisory locks ("hlgs"); second key 0 guards the schema setup,
+#: 1 is held by the process that owns the store.
+LOCK_CLASS = 0x686C6773
+_SETUP_LOCK, _OWNER_LOCK = 0, 1
+
+_TABLES: dict[str, tuple[str, ...]] = {
+    "meta": ("key", "value"),
+    "spaces": ("ns", "pos"),
+    "items": ("ns", "key", "value", "created_at", "updated_at", "pos", "leaves"),
+}
+_DDL = (
+    "CREATE TABLE {t}meta (key text PRIMARY KEY, value text NOT NULL)",
+    "CREATE TABLE {t}spaces (ns text PRIMARY KEY, pos bigint NOT NULL)",
+    "CREATE TABLE {t}items (ns text NOT NULL, key text NOT NULL, value text NOT NULL, "
+    "created_at text NOT NULL, updated_at text NOT NULL, pos bigint NOT NULL, leaves text NOT NULL, "
+    "PRIMARY KEY (ns, key))",
+)
+_UPSERT_ITEM = (
+    "INSERT INTO {t}items (ns, key, value, created_at, updated_at, pos, leaves) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value, created_at = excluded.created_at, "
+    "updated_at = excluded.updated_at, pos = excluded.pos, leaves = excluded.leaves"
+)
+_DELETE_ITEM = "DELETE FROM {t}items WHERE ns = ? AND key = ?"
+_SET_LEAVES = "UPDATE {t}items SET leaves = ? WHERE ns = ? AND key = ?"
+_ADD_SPACE = "INSERT INTO {t}spaces (ns, pos) VALUES (?, ?) ON CONFLICT (ns) DO NOTHING"
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+def _dumps(value: Any) -> str:
+    """Strict, ASCII JSON (NaN and infinity refused with ``ValueError``, lone surrogates escaped)."""
+    return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def _not_ours(location: str, why: str) -> PersistenceError:
+    if location.startswith("the schema"):
+        advice = "use another database, or drop that schema if it is a leftover"
+    else:
+        advice = "give the path of a new file, or of one that HierMemStore.from_conn_string created"
+    return PersistenceError(f"{location} is not a hiermem LangGraph store ({why}); {advice}.")
+
+
+def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
+    """The change sequence of a store's ``meta`` rows.
+
+    Raises:
+        PersistenceError: the rows are not those of a hiermem LangGraph store.
+        VersionMismatchError: another ``format``.
+    """
+    try:
+        meta = {str(k): json.loads(v) for k, v in rows}
+    except (TypeError, ValueError) as e:
+        raise _not_ours(location, f"unreadable meta table: {e}") from None
+    if meta.get("kind") != KIND:
+        raise _not_ours(location, f"its meta table names the kind {meta.get('kind')!r}")
+    if meta.get("format") != FORMAT:
+        raise VersionMismatchError(
+            f"The items in {location} have format {meta.get('format')!r}; this hiermem reads format "
+            f"{FORMAT}. Use the hiermem version that created them, or another store."
+        )
+    seq = meta.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise PersistenceError(f"The change sequence of {location} is malformed; the store is corrupt.")
+    return seq
+
+
+class _ItemsDB:
+    """The item tables of one store: one connection, owned by one process (see the module docstring)."""
+
+    location: str
+    prefix: str  # the tables' schema prefix in SQL ("" or "hiermem_langgraph.")
+
+    def sql(self, text: str) -> str:
+        """A statement of this module in the backend's dialect."""
+        return text.format(t=self.prefix)
+
+    def setup(self) -> None:
+        """Create the tables when absent, else check them (idempotent)."""
+        raise NotImplementedError
+
+    def load(self) -> tuple[int, list[Any], list[Any]]:
+        """``(seq, spaces rows, item rows)``, both in ``pos`` order, from one snapshot."""
+        raise NotImplementedError
+
+    def write(self, seq: int, statements: list[Statement]) -> int:
+        """Run ``statements`` in one transaction when the stored sequence is ``seq``; returns ``seq + 1``.
+
+        Raises:
+            PersistenceError: the write failed (nothing is written) or another process wrote the store.
+        """
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connection, releasing the store (idempotent)."""
+        raise NotImplementedError
+
+    def _changed(self, seq: int, stored: Any) -> PersistenceError:
+        """The error of a write that found the store changed behind this process's back."""
+        return PersistenceError(
+            f"The LangGraph store {self.location} was changed by another process (change {stored}, this "
+            f"process knows {seq}); nothing was written. Close this store and open it again."
+        )
+
+
+class _SQLiteItems(_ItemsDB):
+    """The item tables in an SQLite file, exclusively locked while open."""
+
+    def __init__(self, path: Path, synchronous: str) -> None:
+        self.path = path
+        self.location = str(path)
+        self.prefix = ""
+        self._conn: sqlite3.Connection | None = None
+        if path.is_dir():
+            raise PersistenceError(f"{path} is a directory; give the path of a file, e.g. agent.sqlite.")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(
+                str(path), timeout=2.0, isolation_level=None, check_same_thread=False
+            )
+            c = self._conn
+            c.execute("PRAGMA trusted_schema=OFF")
+            self._check(missing_ok=True)  # read only: nothing is written into a database that is not ours
+            c.execute("PRAGMA locking_mode=EXCLUSIVE")
+            mode = c.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise PersistenceError(f"Cannot use write-ahead logging on {path} (journal mode {mode}).")
+            c.execute(f"PRAGMA synchronous={synchronous}")
+            c.execute("PRAGMA secure_delete=ON")
+            self.setup()  # its write takes the exclusive lock, held until close()
+        except BaseException as e:
+            self.close()
+            if isinstance(e, sqlite3.Error):
+                raise self._error(e, "open") from None
+            if isinstance(e, OSError) and not isinstance(e, PersistenceError):
+                raise PersistenceError(f"Cannot open the LangGraph store {path}: {e}") from None
+            raise
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise PersistenceError(f"The LangGraph store {self.path} is closed; open it again.")
+        return self._conn
+
+    def _error(self, e: sqlite3.Error, what: str) -> PersistenceError:
+        text = str(e)
+        if "locked" in text or "busy" in text:
+            return PersistenceError(
+                f"The LangGraph store {self.path} is in use by another process (one process per store); "
+                "close it there first."
+            )
+        if isinstance(e, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+            return _not_ours(self.location, f"SQLite says: {text}")
+        return PersistenceError(
+            f"Could not {what} the LangGraph store {self.path}: {text}. Nothing was changed; free disk "
+            "space or check the file, then retry."
+        )
+
+    def _check(self, missing_ok: bool) -> bool:
+        rows = self.conn.execute("SELECT type, name FROM sqlite_master").fetchall()
+        tables = set()
+        for kind, name in rows:
+            if kind == "table" and name in _TABLES:
+                tables.add(name)
+            elif not (kind == "index" and str(name).startswith("sqlite_autoindex_")):
+                raise _not_ours(self.location, f"it holds a {kind} {name!r}")
+        if not tables and missing_ok:
+            return False
+        for table, cols in _TABLES.items():
+            have = tuple(r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall())
+            if have != cols:
+                raise _not_ours(self.location, f"table {table!r} has columns {have}, expected {cols}")
+        _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+        return True
+
+    def setup(self) -> None:
+        """Create the tables when absent, else check them (idempotent).
+
+        Raises:
+            PersistenceError: the file is not a hiermem LangGraph store or cannot be written.
+            VersionMismatchError: another item format.
+        """
+        c = self.conn
+        try:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                if not self._check(missing_ok=True):
+                    for stmt in _DDL:
+                        c.execute(self.sql(stmt))
+                    c.executemany(
+                        "INSERT INTO meta (key, value) VALUES (?, ?)",
+                        [("kind", _dumps(KIND)), ("format", _dumps(FORMAT)), ("seq", "0")],
+                    )
+                c.execute("COMMIT")
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    c.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise self._error(e, "set up") from None
+
+    def load(self) -> tuple[int, list[Any], list[Any]]:
+        """``(seq, spaces rows, item rows)`` in ``pos`` order.
+
+        Raises:
+            PersistenceError: the file cannot be read or is not a hiermem LangGraph store.
+        """
+        try:
+            self._check(missing_ok=False)
+            seq = _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+            spaces = self.conn.execute("SELECT ns, pos FROM spaces ORDER BY pos").fetchall()
+            items = self.conn.execute(
+                "SELECT ns, key, value, created_at, updated_at, pos, leaves FROM items ORDER BY pos"
+            ).fetchall()
+        except sqlite3.Error as e:
+            raise self._error(e, "read") from None
+        return seq, spaces, items
+
+    def write(self, seq: int, statements: list[Statement]) -> int:
+        """Run ``statements`` in one transaction (see :meth:`_ItemsDB.write`)."""
+        c = self.conn
+        try:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                row = c.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+                stored = json.loads(row[0]) if row is not None else None
+                if stored != seq:
+                    raise self._changed(seq, stored)
+                for sql, params in statements:
+                    c.execute(self.sql(sql), params)
+                c.execute("UPDATE meta SET value = ? WHERE key = 'seq'", (str(seq + 1),))
+                c.execute("COMMIT")
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    if c.in_transaction:
+                        c.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise self._error(e, "write the items to") from None
+        if any(sql.startswith("DELETE") for sql, _ in statements):
+            # a deleted item's value must not linger in the write-ahead log (as the memories' stores do)
+            with suppress(sqlite3.Error):
+                c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return seq + 1
+
+    def close(self) -> None:
+        """Close the connection (releases the lock; idempotent)."""
+        c, self._conn = self._conn, None
+        if c is not None:
+            with suppress(sqlite3.Error):
+                c.close()
+
+
+class _PostgresItems(_ItemsDB):
+    """The item tables in the schema ``hiermem_langgraph`` of a PostgreSQL database.
+
+    One connection holds the store's session advisory lock (released when it closes, also when the
+    process dies); after a lost connection the next call connects again and takes the lock again.
+    """
+
+    def __init__(self, url: str) -> None:
+        from shared_core.stores.postgres import _parse_url  # InvalidInputError without psycopg
+
+        params, self.location = _parse_url(url)
+        self.prefix = f"{SCHEMA}."
+        self._url = url.strip()
+        self._kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            self._kwargs["connect_timeout"] = 10
+        if "application_name" not in params:
+            self._kwargs["application_name"] = "hiermem-langgraph"
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        self._conn = self._connect()
+        try:
+            with self._conn.transaction(), self._conn.cursor() as cur:
+                self._check(cur, missing_ok=True)  # read only: nothing is written into a foreign schema
+            self._lock_store(self._conn)
+        except BaseException as e:
+            self.close()
+            if isinstance(e, PersistenceError):
+                raise
+            if isinstance(e, Exception):
+                raise self._error(e, "open") from None
+            raise
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        import psycopg
+
+        try:
+            return psycopg.connect(self._url, **self._kwargs)
+        except psycopg.Error as e:
+            raise PersistenceError(
+                f"Cannot connect to PostgreSQL at {self.location}: {_first_line(e)}. Check that the server "
+                "is running and reachable and that the URL's host, port, database name, user and password "
+                "are right (create the database first, e.g. createdb)."
+            ) from None
+
+    def _lock_store(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, _OWNER_LOCK)).fetchone()
+        if not row or not row[0]:
+            raise PersistenceError(
+                f"The LangGraph store in {self.location} is in use by another process (one process per "
+                "store); close it there first."
+            )
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The connection; connected again (and the store locked again) after it was lost."""
+        if self._closed:
+            raise PersistenceError(f"The LangGraph store in {self.location} is closed; open it again.")
+        c = self._conn
+        if c is None or c.closed or c.broken:
+            self._drop()
+            c = self._connect()
+            try:
+                self._lock_store(c)
+            except BaseException as e:
+                with suppress(Exception):
+                    c.close()
+                if isinstance(e, PersistenceError):
+                    raise
+                if isinstance(e, Exception):
+                    raise self._error(e, "lock") from None
+                raise
+            self._conn = c
+        return c
+
+    def _drop(self) -> None:
+        c, self._conn = self._conn, None
+        if c is not None:
+            with suppress(Exception):
+                c.close()
+
+    def _error(self, e: BaseException, what: str) -> PersistenceError:
+        import psycopg
+
+        if isinstance(e, PersistenceError):
+            return e
+        if isinstance(e, psycopg.OperationalError):
+            self._drop()
+            return PersistenceError(
+                f"Could not {what} the LangGraph store in {self.location}: the connection to PostgreSQL "
+                f"failed ({_first_line(e)}). Nothing was changed; the next call connects again."
+            )
+        return PersistenceError(
+            f"Could not {what} the LangGraph store in {self.location}: PostgreSQL says {_first_line(e)}."
+        )
+
+    def _check(self, cur: psycopg.Cursor[Any], missing_ok: bool) -> bool:
+        cur.execute(
+            "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
+            (SCHEMA,),
+        )
+        rels = {str(name): str(kind) for name, kind in cur.fetchall()}
+        where = f"the schema {SCHEMA!r} of {self.location}"
+        if not rels:
+            if missing_ok:
+                return False
+            raise PersistenceError(f"{where} holds no LangGraph store; call setup() first.")
+        extra = sorted(n for n, k in rels.items() if n not in _TABLES or k not in ("r", "p"))
+        if extra:
+            raise _not_ours(where, f"unexpected relations {', '.join(extra)}")
+        cur.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s "
+            "ORDER BY table_name, ordinal_position",
+            (SCHEMA,),
+        )
+        cols: dict[str, list[str]] = {}
+        for table, col in cur.fetchall():
+            cols.setdefault(str(table), []).append(str(col))
+        for table, want in _TABLES.items():
+            if tuple(cols.get(table, ())) != want:
+                raise _not_ours(where, f"table {table!r} has columns {tuple(cols.get(table, ()))}")
+        cur.execute(
+            "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal",
+            (SCHEMA,),
+        )
+        triggers = [r[0] for r in cur.fetchall()]
+        if triggers:
+            raise _not_ours(where, f"it has triggers: {', '.join(triggers)}")
+        _check_meta(cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), where)
+        return True
+
+    def setup(self) -> None:
+        """Create the schema ``hiermem_langgraph`` when absent, else check it (idempotent; concurrent
+        setups are serialised by an advisory lock).
+
+        Raises:
+            PersistenceError: the schema is not a hiermem LangGraph store, the user may not create it, or
+                the server cannot be reached.
+            VersionMismatchError: another item format.
+        """
+        conn = self.conn
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, _SETUP_LOCK))
+                if self._check(cur, missing_ok=True):
+                    return
+                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+                for stmt in _DDL:
+                    cur.execute(self.sql(stmt))
+                cur.executemany(
+                    f"INSERT INTO {SCHEMA}.meta (key, value) VALUES (%s, %s)",
+                    [("kind", _dumps(KIND)), ("format", _dumps(FORMAT)), ("seq", "0")],
+                )
+        except Exception as e:
+            raise self._error(e, "set up") from None
+
+    def load(self) -> tuple[int, list[Any], list[Any]]:
+        """``(seq, spaces rows, item rows)`` in ``pos`` order, from one snapshot.
+
+        Raises:
+            PersistenceError: the schema cannot be read or is not a hiermem LangGraph store.
+        """
+        conn = self.conn
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                self._check(cur, missing_ok=False)
+                seq = _check_meta(
+                    cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), self.location
+                )
+                spaces = cur.execute(f"SELECT ns, pos FROM {SCHEMA}.spaces ORDER BY pos").fetchall()
+                items = cur.execute(
+                    "SELECT ns, key, value, created_at, updated_at, pos, leaves "
+                    f"FROM {SCHEMA}.items ORDER BY pos"
+                ).fetchall()
+        except Exception as e:
+            raise self._error(e, "read") from None
+        return seq, spaces, items
+
+    def write(self, seq: int, statements: list[Statement]) -> int:
+        """Run ``statements`` in one transaction (see :meth:`_ItemsDB.write`).
+
+        A connection found dead by the transaction's first statement (e.g. after a server restart) is
+        replaced and the transaction run once more; nothing of it had reached the server.
+        """
+        import psycopg
+
+        for attempt in (0, 1):
+            conn = self.conn
+            started = False
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    row = cur.execute(
+                        f"SELECT value FROM {SCHEMA}.meta WHERE key = 'seq' FOR UPDATE"
+                    ).fetchone()
+                    started = True
+                    stored = json.loads(row[0]) if row is not None else None
+                    if stored != seq:
+                        raise self._changed(seq, stored)
+                    for sql, params in statements:
+                        cur.execute(self.sql(sql).replace("?", "%s"), params)
+                    cur.execute(f"UPDATE {SCHEMA}.meta SET value = %s WHERE key = 'seq'", (str(seq + 1),))
+            except Exception as e:
+                if isinstance(e, psycopg.OperationalError) and not started and attempt == 0:
+                    self._drop()
+                    continue
+                raise self._error(e, "write the items to") from None
+            return seq + 1
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        """Close the connection, releasing the store's lock (idempotent)."""
+        self._closed = True
+        self._drop()
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of an error's message (a server's message can be long)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _target(conn: Any) -> tuple[str, Any]:
+    """``("postgres", url)`` or ``("sqlite", path)`` for a connection string.
+
+    Raises:
+        InvalidInputError: neither a ``postgresql://`` URL nor a usable file path.
+    """
+    if isinstance(conn, os.PathLike):
+        conn = os.fspath(conn)
+    if not isinstance(conn, str):
+        raise InvalidInputError(
+            f"conn is the path of an SQLite file or a postgresql:// URL, got {type(conn).__name__}."
+        )
+    if is_postgres_url(conn):
+        return "postgres", conn.strip()
+    if not conn.strip():
+        raise InvalidInputError("conn is empty; give the path of an SQLite file or a postgresql:// URL.")
+    if "://" in conn:
+        raise InvalidInputError(
+            f"Unknown URL scheme {conn.split('://', 1)[0]!r}://; give a postgresql:// URL, or the path of an "
+            "SQLite file itself (e.g. 'agent.sqlite', not 'sqlite:///agent.sqlite')."
+        )
+    if conn.strip() == ":memory:":
+        raise InvalidInputError(
+            "':memory:' keeps nothing across restarts; use HierMemStore() for a store in RAM, or give a file."
+        )
+    return "sqlite", Path(conn)
