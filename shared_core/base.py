@@ -169,8 +169,8 @@ class HierarchicalMemory(abc.ABC):
     default_relevance: ClassVar[str] = "dense"
     #: configuration values of saves made before a configuration key existed (key -> value they had)
     legacy_config: ClassVar[dict[str, Any]] = {}
-    #: ``annotation_vectors`` when the constructor is not given one
-    default_annotation_vectors: ClassVar[str] = "composed"
+    #: ``annotation_vectors`` when the constructor is not given one (each memory sets its own)
+    default_annotation_vectors: ClassVar[str] = "embedded"
 
     def __init__(
         self,

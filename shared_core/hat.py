@@ -338,7 +338,10 @@ class HAT(HierarchicalMemory):
         relevance: ``"hybrid"`` (default), ``"dense"`` (the cosine of the first version) or ``"bm25"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
-            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"``.
+            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"``: the same
+            evidence recall@10 on LoCoMo dev as the paper's ``"embedded"`` (0.656 for both) for 3.8
+            instead of 4.3 texts embedded per message (2.3x instead of 7.0x the CPU of embedding the
+            message alone, one add per message).
         alpha: ``top_down`` propagation decay in ``[0, 1)``, default 0.1 (the SegTreeMem paper's
             default for Algorithm 2).
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (the SegTreeMem paper's default).
@@ -369,6 +372,7 @@ class HAT(HierarchicalMemory):
     default_relevance: ClassVar[str] = "hybrid"
     #: saves made before these options existed retrieve as they did (``search_steps``: their
     #: ``max_steps``, see :meth:`stored_config`)
+    default_annotation_vectors: ClassVar[str] = "composed"
     legacy_config: ClassVar[dict[str, Any]] = {
         "relevance": "dense",
         "hybrid_weight": 0.5,

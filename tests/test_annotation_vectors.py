@@ -65,8 +65,7 @@ def test_seeded_one_sentence_texts_are_not_embedded_again():
 @pytest.mark.parametrize("cls", [SegTreeMem, HAT, MemTree])
 def test_an_add_embeds_only_its_message(cls):
     emb = CountingEmbedder()
-    mem = cls(embedder=emb)
-    assert mem.annotation_vectors == "composed"
+    mem = cls(embedder=emb, annotation_vectors="composed")
     texts = [f"Note {i} about {t}." for i, t in enumerate(["dogs", "cats", "dogs", "tea", "cats", "tea"] * 4)]
     for t in texts:
         mem.add(t)
@@ -82,9 +81,11 @@ def test_an_add_embeds_only_its_message(cls):
 
 def test_choices_defaults_and_old_saves(tmp_path):
     with pytest.raises(UnknownPolicyError, match="annotation_vectors"):
-        SegTreeMem(embedder=HashEmbedder(), annotation_vectors="mean")
-    assert make_memory("xmemory").annotation_vectors == "embedded"  # its summaries are new text
-    mem = make_memory("segtree")
+        SegTreeMem(embedder=HashEmbedder(), annotation_vectors="mean")  # type: ignore[arg-type]
+    # defaults: composed where it retrieves as well as the papers' embedded vectors (HAT on LoCoMo dev)
+    defaults = {k: make_memory(k).annotation_vectors for k in ("segtree", "memtree", "hat", "xmemory")}
+    assert defaults == dict(segtree="embedded", memtree="embedded", hat="composed", xmemory="embedded")
+    mem = make_memory("segtree", annotation_vectors="composed")
     mem.add(["Dogs bark.", "Cats sleep."])
     assert mem._config()["annotation_vectors"] == "composed"
     old = {k: v for k, v in mem._config().items() if k != "annotation_vectors"}
@@ -96,7 +97,7 @@ def test_choices_defaults_and_old_saves(tmp_path):
 
 def test_a_summariser_on_another_embedder_is_not_composed():
     emb = CountingEmbedder()
-    mem = SegTreeMem(embedder=emb, summarizer=ExtractiveSummarizer(HashEmbedder()))
+    mem = HAT(embedder=emb, summarizer=ExtractiveSummarizer(HashEmbedder()))
     for t in ["Dogs bark.", "Cats sleep.", "Dogs run.", "Tea is hot."]:
         mem.add(t)
     assert len(emb.seen) > 4  # summaries embedded by the memory's own embedder

@@ -189,10 +189,10 @@ def _fires(kind: str, op: str, point: str) -> bool:
     """Whether the transaction reaches ``point`` (checked: a fault that should fire and does not fails)."""
     if point == "faiss.add":
         return op == "add"  # a delete only rewrites existing rows
-    if point == "embed":  # a delete re-annotates from sentences already embedded: nothing to embed
-        return op == "add" or kind == "xmemory"  # (xMemory embeds its summaries)
+    if point == "embed":  # HAT composes summaries from sentences already embedded: nothing to embed
+        return op == "add" or kind != "hat"
     if point == "compose":
-        return kind != "xmemory"
+        return kind == "hat"
     # xMemory's LLM-free annotations do not go through the summariser
     return not (point == "summarize" and kind == "xmemory")
 

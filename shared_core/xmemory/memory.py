@@ -217,7 +217,6 @@ class XMemory(_XMemoryRetrieval):
     #: names ``retrieve`` accepts as per-call options (adapters read them)
     retrieve_params: ClassVar[frozenset[str]] = frozenset(RETRIEVAL_CHECKS)
     #: saves made before these options existed load with the paper's retrieval (dense, adaptive)
-    default_annotation_vectors: ClassVar[str] = "embedded"
     legacy_config: ClassVar[dict[str, Any]] = {
         "relevance": "dense",
         "hybrid_weight": 0.5,
