@@ -247,6 +247,25 @@ def bench_command(
         [], "--size-cap", help="KIND=N: largest size for one memory (repeatable), e.g. segtree=10000."
     ),
     out: Path = typer.Option(Path("hiermem-bench"), "--out", help="Output directory."),
+    postgres: str | None = typer.Option(
+        None,
+        "--postgres",
+        metavar="URL",
+        help="Run ONLY the many-processes benchmark on this PostgreSQL database "
+        "(postgresql://user:password@host:port/dbname): --processes writers add --messages each into one "
+        "shared namespace, then into one namespace each, next to one process on SQLite, then run "
+        "--retrieves retrievals each; one kind from --memories ('all': segtree). Writes processes.json "
+        "and processes.md to --out.",
+    ),
+    processes: str = typer.Option(
+        "1,2,4", "--processes", help="With --postgres: comma-separated process counts."
+    ),
+    messages: int = typer.Option(
+        50, "--messages", min=1, help="With --postgres: messages each process adds (one add each)."
+    ),
+    retrieves: int = typer.Option(
+        20, "--retrieves", min=0, help="With --postgres: retrievals each process runs after its adds."
+    ),
 ) -> None:
     """Algorithm overhead without model calls, next to flat FAISS and numpy search; embedded throughput.
 
@@ -254,8 +273,13 @@ def bench_command(
     message and retrieval time per query at each size, CPU time beside wall time, BLAS/FAISS pinned to one
     thread, peak memory; then messages per second with the real local embedder. Writes bench.json,
     bench.md and bench.png to --out.
+
+    With --postgres URL only the many-processes benchmark runs instead (see docs/storage.md).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if postgres is not None:
+        _process_bench(postgres, processes, messages, retrieves, memories, out)
+        return
     from ..bench import render_markdown, run_bench
 
     try:
@@ -293,3 +317,38 @@ def bench_command(
         raise _fail(e) from None
     _console.print(render_markdown(doc))
     _console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+
+
+def _process_bench(url: str, processes: str, messages: int, queries: int, memories: str, out: Path) -> None:
+    """``hiermem bench --postgres URL``: the many-processes benchmark, written to ``out``."""
+    import json
+
+    from ..bench_processes import run_process_bench, to_markdown
+
+    kinds = [m.strip() for m in memories.split(",") if m.strip()]
+    if memories.strip().lower() == "all" or not kinds:
+        kinds = ["segtree"]
+    if len(kinds) != 1:
+        raise typer.BadParameter(
+            f"--postgres measures one memory: give one kind in --memories, got {memories!r}."
+        )
+    counts = _ints(processes, "--processes")
+    if not counts:
+        raise typer.BadParameter(f"--processes needs at least one process count, got {processes!r}.")
+    try:
+        doc = run_process_bench(
+            url,
+            processes=counts,
+            messages=messages,
+            queries=queries,
+            memory=kinds[0],
+            progress=lambda msg: _console.print(msg),
+        )
+    except HierMemError as e:
+        raise _fail(e) from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "processes.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    md = to_markdown(doc)
+    (out / "processes.md").write_text(md, encoding="utf-8")
+    _console.print(md, soft_wrap=True, markup=False, highlight=False)
+    _console.print(f"wrote {out / 'processes.json'}, {out / 'processes.md'}")
