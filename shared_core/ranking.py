@@ -1,0 +1,366 @@
+"""The ranking layer every memory shares: local relevance, propagation, filters and budgets over nodes.
+
+:class:`Ranking` is a mixin of :class:`~shared_core.base.HierarchicalMemory`: the one relevance layer
+(``dense`` / ``bm25`` / ``hybrid``), relevance propagated over the memory's tree, the admissible,
+filtered and budgeted candidate lists of a retrieval, and the hits made from them. Each memory adds its
+own structure and policies on top.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .filters import MessageFilter
+from .index import normalize_rows
+from .models.base import validate_embeddings
+from .relevance import check_weight, fuse
+from .types import Hit, UnknownPolicyError
+
+if TYPE_CHECKING:
+    from .index import NodeIndex
+    from .models.base import Embedder
+    from .tree import NodeStore
+    from .types import Usage
+
+__all__ = ["ADMISSIBLE", "RELEVANCE_KINDS", "Ranking", "TokenBudget", "check_choice", "count_tokens"]
+
+#: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
+RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
+#: admissible sets of a ranking: every node with text, or message leaves only
+ADMISSIBLE = ("all", "leaves")
+
+
+def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
+    """Return ``value`` when it is one of ``choices``.
+
+    Raises:
+        UnknownPolicyError: naming the accepted values.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise UnknownPolicyError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+    return value
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text`` as every hiermem budget counts them (``shared_core.eval.metrics.count_tokens``)."""
+    from .eval.metrics import count_tokens as _count
+
+    return _count(text)
+
+
+class TokenBudget:
+    """A greedy budget of returned text: a text is taken when it fits in what is left.
+
+    The rule of ``retrieve(max_tokens=...)``: candidates are walked best first and one that would exceed
+    the budget is skipped (the walk goes on, a shorter one may still fit). Policies that pick their own
+    candidates walk with the same rule, so a budget never leaves a retrieval short of candidates.
+
+    Args:
+        max_tokens: the budget in tokens (:func:`count_tokens`), or ``None`` for no budget.
+    """
+
+    def __init__(self, max_tokens: int | None) -> None:
+        self.max_tokens = max_tokens
+        self.used = 0
+
+    def take(self, text: str) -> bool:
+        """Whether ``text`` fits in what is left; when it does, it is counted as used."""
+        if self.max_tokens is None:
+            return True
+        t = count_tokens(text)
+        if self.used + t > self.max_tokens:
+            return False
+        self.used += t
+        return True
+
+    @property
+    def spent(self) -> bool:
+        """Whether nothing more can fit (only under a budget)."""
+        return self.max_tokens is not None and self.used >= self.max_tokens
+
+
+class Ranking:
+    """Mixin: the shared ranking of :class:`~shared_core.base.HierarchicalMemory` (see the module)."""
+
+    # set by HierarchicalMemory.__init__
+    embedder: Embedder
+    relevance_kind: str
+    hybrid_weight: float
+    _store: NodeStore
+    _index: NodeIndex | None
+    _lexical: Any
+    _lex_dirty: set[int]
+    _lex_removed: set[int]
+    _query_usage: Usage
+    _operator_cache: tuple[Any, Any] | None
+    _max_tokens: int | None
+    _allowed: set[int] | None
+    _version: int
+
+    if TYPE_CHECKING:
+
+        def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit: ...
+
+    def _embed_query(self, query: str) -> np.ndarray:
+        t0 = time.perf_counter()
+        raw = self.embedder.embed([query])
+        dim = self._index.dim if self._index is not None else None
+        v = normalize_rows(validate_embeddings(raw, 1, dim))[0]
+        self._query_usage.embed_calls += 1
+        self._query_usage.embedded_texts += 1
+        self._query_usage.seconds += time.perf_counter() - t0
+        return v
+
+    def _lexical_index(self) -> Any:
+        """The BM25 index over node texts, brought up to date with the tree on demand."""
+        from .lexical import LexicalIndex
+
+        st = self._store
+        if self._lexical is None:
+            self._lexical = LexicalIndex()
+            self._lex_dirty = {i for i, n in st.nodes.items() if n.text}
+            self._lex_removed = set()
+        if self._lex_removed:
+            self._lexical.remove(sorted(self._lex_removed))
+        up = sorted(i for i in self._lex_dirty if i in st.nodes and st.nodes[i].text)
+        if up:
+            self._lexical.upsert(up, [st.nodes[i].text for i in up])
+        self._lex_dirty, self._lex_removed = set(), set()
+        return self._lexical
+
+    def relevance(
+        self,
+        query: str,
+        kind: str | None = None,
+        hybrid_weight: float | None = None,
+        qvec: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Local relevance ``R(q, text(v)) >= 0`` of every indexed node: the one relevance layer of all
+        memories (each adds its own structure on top).
+
+        Args:
+            query: the query text.
+            kind: ``"dense"`` (``max(cos, 0)`` of query and node embeddings, the papers' scorer),
+                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming) or
+                ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
+                ``w * dense + (1 - w) * bm25``); default ``None`` = the memory's ``relevance``.
+            hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1]; default ``None`` = the memory's.
+            qvec: a precomputed normalised query vector (optional).
+
+        Returns:
+            ``(ids int64 (n,), r float32 (n,))`` over every node that has text, in index row order.
+
+        Raises:
+            UnknownPolicyError: an unknown ``kind``.
+            InvalidInputError: ``hybrid_weight`` outside ``[0, 1]``.
+        """
+        kind = self.relevance_kind if kind is None else check_choice(kind, RELEVANCE_KINDS, "relevance")
+        hybrid_weight = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
+        if self._index is None or len(self._index) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        ids = self._index.ids.copy()
+        dense = None
+        if kind in ("dense", "hybrid"):
+            if qvec is None:
+                qvec = self._embed_query(query)
+            _, cos = self._index.scores_all(qvec)
+            dense = np.maximum(cos, 0.0).astype(np.float32)
+            if kind == "dense":
+                return ids, dense
+        lex_ids, lex = self._lexical_index().scores(query)
+        pos = {int(i): j for j, i in enumerate(ids.tolist())}
+        bm = np.zeros(len(ids), dtype=np.float32)
+        if len(lex_ids):
+            rows = np.fromiter((pos.get(int(i), -1) for i in lex_ids), dtype=np.int64, count=len(lex_ids))
+            ok = rows >= 0
+            bm[rows[ok]] = np.asarray(lex, dtype=np.float32)[ok]
+        if kind == "bm25":
+            return ids, bm
+        assert dense is not None
+        return ids, fuse(dense, bm, hybrid_weight)
+
+    def _propagated_scores(
+        self,
+        ids: np.ndarray,
+        r: np.ndarray,
+        direction: str,
+        alpha: float,
+        horizon: int,
+        *,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """Relevance propagated over this memory's tree (SegTreeMem's Algorithm 2 on any tree).
+
+        The finite-horizon mixture ``sum_k alpha^k W^k s0 / sum_k alpha^k`` with ``s0 = r / sum(r)`` over
+        the indexed nodes, where ``W`` moves a node's score to its children (``top_down``; whole with
+        ``normalize=False``, split equally with ``True``) or to its parent (``bottom_up``). Nodes without
+        text (e.g. MemTree's structural root) carry no score and are skipped: their children count as
+        roots. The operator is cached until the next change of the memory.
+
+        Args:
+            ids: indexed node ids ``int64 (n,)`` as :meth:`relevance` returns them.
+            r: local relevance ``(n,)``, non-negative.
+            direction: ``"top_down"`` or ``"bottom_up"``.
+            alpha: decay in ``[0, 1)``. horizon: ``H >= 0``.
+            normalize: split a parent's score among its children (the paper's operator).
+
+        Returns:
+            ``float64 (n,)`` propagated scores, aligned with ``ids``.
+
+        Raises:
+            InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
+            UnknownPolicyError: an unknown direction.
+
+        References:
+            SegTreeMem paper, Sec. 4.3.1, Eq. (3)-(4), Appendix A Algorithm 2.
+        """
+        from .propagation import propagate, propagation_matrix
+
+        r = np.asarray(r, dtype=np.float64)
+        total = float(r.sum())
+        s0 = r / total if total > 0 else np.full(len(r), 1.0 / max(len(r), 1))
+        if horizon == 0 or len(ids) == 0:
+            return propagate(None, s0, alpha, 0)
+        key = (self._version, len(ids), direction, normalize)
+        cached = self._operator_cache
+        if cached is not None and cached[0] == key:
+            W = cached[1]
+        else:
+            pos = {int(i): j for j, i in enumerate(ids.tolist())}
+            nodes = self._store.nodes
+            parent = np.fromiter(
+                (pos.get(nodes[i].parent, -1) if nodes[i].parent is not None else -1 for i in ids.tolist()),
+                dtype=np.int64,
+                count=len(ids),
+            )
+            W = propagation_matrix(parent, direction, normalize=normalize)
+            self._operator_cache = (key, W)
+        return propagate(W, s0, alpha, horizon)
+
+    def _path(self, nid: int) -> list[int]:
+        """Ids of the node's ancestors that carry text, from the top down (its path in the tree)."""
+        nodes = self._store.nodes
+        return [a for a in reversed(self._store.ancestors(nid)) if nodes[a].text]
+
+    def _leaf_mask(self, ids: np.ndarray) -> np.ndarray:
+        """``bool (n,)``: which of the node ids are message leaves."""
+        nodes = self._store.nodes
+        return np.fromiter((nodes[int(i)].is_leaf for i in ids.tolist()), dtype=bool, count=len(ids))
+
+    def _drawn_leaves(self, nid: int) -> Iterable[int]:
+        """Leaves outside a node's subtree whose messages its text draws on (none in a tree).
+
+        Overridden where a node is written from messages that are not below it (xMemory's facts)."""
+        return ()
+
+    def _allowed_nodes(self, flt: MessageFilter) -> set[int]:
+        """Ids of the nodes a filter lets through: a leaf whose message matches, or any other node whose
+        every leaf below it (and every leaf of :meth:`_drawn_leaves`) matches. ``O(nodes)``."""
+        nodes = self._store.nodes
+        ok: dict[int, bool] = {}
+
+        def leaf_ok(lid: int) -> bool:
+            if lid not in ok:
+                n = nodes.get(lid)
+                ok[lid] = n is not None and n.is_leaf and flt.matches(n.message)
+            return ok[lid]
+
+        for start in nodes:
+            stack = [start]
+            while stack:
+                nid = stack[-1]
+                if nid in ok:
+                    stack.pop()
+                    continue
+                node = nodes[nid]
+                pending = [c for c in node.children if c not in ok and c in nodes]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                stack.pop()
+                if node.is_leaf:
+                    v = flt.matches(node.message) and all(ok.get(c, True) for c in node.children)
+                else:
+                    v = all(ok.get(c, True) for c in node.children)
+                ok[nid] = v and all(leaf_ok(lid) for lid in self._drawn_leaves(nid))
+        return {nid for nid, v in ok.items() if v}
+
+    def _allowed_mask(self, ids: np.ndarray) -> np.ndarray | None:
+        """``bool (n,)``: which node ids the filter of the retrieve under way lets through (``None``: all)."""
+        allowed = self._allowed
+        if allowed is None:
+            return None
+        return np.fromiter((int(i) in allowed for i in ids.tolist()), dtype=bool, count=len(ids))
+
+    def _ranked(
+        self,
+        ids: np.ndarray,
+        scores: np.ndarray,
+        k: int,
+        meta: dict[str, Any],
+        admissible: np.ndarray | None = None,
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Candidates best first (ties by node id), one per distinct text, over the admissible positions.
+
+        Returns at least ``3k + 8`` candidates when there are that many (room for repeated texts);
+        under the ``max_tokens`` budget of the retrieve under way, as many more as it takes until ``k``
+        of them fit in the budget together (walked as :meth:`_to_hits` does) or the budget is spent.
+
+        Args:
+            ids: node ids ``int64 (n,)``; scores: ``float (n,)``; k: the hit budget.
+            meta: metadata given to every candidate (copied).
+            admissible: ``bool (n,)`` mask of the positions that may be returned (default all).
+        """
+        allowed = self._allowed_mask(ids)
+        if allowed is not None:
+            admissible = allowed if admissible is None else admissible & allowed
+        pos = np.nonzero(admissible)[0] if admissible is not None else np.arange(len(ids))
+        order = pos[np.lexsort((ids[pos], -scores[pos]))]
+        nodes = self._store.nodes
+        out: list[tuple[int, float, dict[str, Any]]] = []
+        seen: set[str] = set()
+        budget = TokenBudget(self._max_tokens)
+        fitting = 0
+        for j in order.tolist():
+            text = nodes[int(ids[j])].text
+            if text in seen:  # e.g. a single-child node repeats its child's text
+                continue
+            seen.add(text)
+            out.append((int(ids[j]), float(scores[j]), dict(meta)))
+            fitting += budget.take(text)
+            if len(out) >= 3 * k + 8 and (fitting >= k or budget.spent or budget.max_tokens is None):
+                break
+        return out
+
+    def _to_hits(
+        self, cands: Sequence[tuple[int, float, dict[str, Any]]], k: int, max_tokens: int | None
+    ) -> list[Hit]:
+        """Hits from ranked candidates: distinct texts, at most ``k``, within ``max_tokens``.
+
+        A candidate whose metadata names the node it ``stands_for`` (e.g. xMemory's fact standing for
+        its message) is taken only when that node was not (a budget had no room for it).
+        """
+        hits: list[Hit] = []
+        seen: set[str] = set()
+        taken: set[int] = set()
+        budget = TokenBudget(max_tokens)
+        for nid, score, meta in cands:
+            node = self._store.nodes.get(int(nid))
+            if node is None or not node.text or node.text in seen:
+                continue
+            if meta.get("stands_for") in taken:
+                continue
+            if self._allowed is not None and int(nid) not in self._allowed:
+                continue
+            if not budget.take(node.text):
+                continue
+            seen.add(node.text)
+            taken.add(int(nid))
+            hits.append(self.hit(int(nid), float(score), meta))
+            if len(hits) >= k:
+                break
+        return hits
