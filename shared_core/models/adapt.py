@@ -30,7 +30,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..types import Completion, HierMemError, InvalidInputError, ModelError, Usage
-from .base import validate_embeddings
+from .base import UsageMeter, validate_embeddings
 
 __all__ = [
     "DIM_PROBE",
@@ -482,7 +482,7 @@ CompleteFn = Callable[[str, Union[str, None], Union[int, None], bool], Union[str
 ACompleteFn = Callable[[str, Union[str, None], Union[int, None], bool], Awaitable[Union[str, Reply]]]
 
 
-class CallableLLM:
+class CallableLLM(UsageMeter):
     """A completion function as a core :class:`~shared_core.models.base.LLM`.
 
     The function gets already-checked arguments ``(prompt, system, max_tokens, logprobs)`` and returns the
@@ -517,19 +517,7 @@ class CallableLLM:
         self._complete_fn = complete
         self._acomplete_fn = acomplete
         self._source = source or _describe(complete, "completion function")
-        self._usage = Usage()
-        self._lock = threading.Lock()
-
-    @property
-    def usage(self) -> Usage:
-        """Cumulative usage since creation or the last :meth:`reset_usage` (a copy)."""
-        with self._lock:
-            return self._usage.copy()
-
-    def reset_usage(self) -> None:
-        """Set the cumulative usage counters back to zero."""
-        with self._lock:
-            self._usage = Usage()
+        self._start_usage()
 
     def _finish(self, reply: Any, seconds: float, logprobs: bool) -> Completion:
         if isinstance(reply, str):
@@ -546,8 +534,7 @@ class CallableLLM:
             seconds=seconds,
         )
         lps = [float(x) for x in reply.logprobs] if logprobs and reply.logprobs is not None else None
-        with self._lock:
-            self._usage += usage
+        self._count(usage)
         return Completion(text=str(reply.text), usage=usage, logprobs=lps)
 
     def complete(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -9,7 +10,37 @@ import numpy as np
 
 from ..types import Completion, EmbeddingError, Usage
 
-__all__ = ["LLM", "Embedder", "Summarizer", "validate_embeddings"]
+__all__ = ["LLM", "Embedder", "Summarizer", "UsageMeter", "validate_embeddings"]
+
+
+class UsageMeter:
+    """Cumulative usage counters of a model client, safe across threads.
+
+    A client calls :meth:`_start_usage` in its constructor and :meth:`_count` after every call.
+    """
+
+    _usage: Usage
+    _usage_lock: threading.Lock
+
+    def _start_usage(self) -> None:
+        self._usage = Usage()
+        self._usage_lock = threading.Lock()
+
+    @property
+    def usage(self) -> Usage:
+        """Cumulative usage since creation or the last :meth:`reset_usage` (a copy)."""
+        with self._usage_lock:
+            return self._usage.copy()
+
+    def reset_usage(self) -> None:
+        """Set the cumulative usage counters back to zero."""
+        with self._usage_lock:
+            self._usage = Usage()
+
+    def _count(self, usage: Usage) -> None:
+        """Add one call's usage to the counters."""
+        with self._usage_lock:
+            self._usage += usage
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..types import Completion, EmbeddingError, InvalidInputError, ModelError, Usage
-from .base import validate_embeddings
+from .base import UsageMeter, validate_embeddings
 
 __all__ = ["KNOWN_EMBEDDING_DIMS", "OpenAIChat", "OpenAIEmbedder"]
 
@@ -172,7 +172,7 @@ def _check_timeout_retries(timeout: float, max_retries: int) -> None:
 
 
 # =========================================================================== embedder
-class OpenAIEmbedder:
+class OpenAIEmbedder(UsageMeter):
     """Embeddings from the OpenAI embeddings endpoint (or any OpenAI-compatible server).
 
     Implements the :class:`~shared_core.models.base.Embedder` protocol. Texts are sent in batches of
@@ -245,8 +245,7 @@ class OpenAIEmbedder:
             client=client,
             async_client=async_client,
         )
-        self._usage = Usage()
-        self._lock = threading.Lock()
+        self._start_usage()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -256,17 +255,6 @@ class OpenAIEmbedder:
             self.embed(["dimension probe"])
         assert self._dim is not None
         return self._dim
-
-    @property
-    def usage(self) -> Usage:
-        """Cumulative usage since creation or the last :meth:`reset_usage` (a copy)."""
-        with self._lock:
-            return self._usage.copy()
-
-    def reset_usage(self) -> None:
-        """Set the cumulative usage counters back to zero."""
-        with self._lock:
-            self._usage = Usage()
 
     # ------------------------------------------------------------------ helpers
     def _check_texts(self, texts: Sequence[str]) -> list[str]:
@@ -301,8 +289,7 @@ class OpenAIEmbedder:
 
     def _record(self, n_texts: int, resp: Any, seconds: float) -> None:
         tokens = getattr(getattr(resp, "usage", None), "prompt_tokens", None) or 0
-        with self._lock:
-            self._usage += Usage(embed_calls=1, embedded_texts=n_texts, prompt_tokens=tokens, seconds=seconds)
+        self._count(Usage(embed_calls=1, embedded_texts=n_texts, prompt_tokens=tokens, seconds=seconds))
 
     def _finish(self, parts: list[list[list[float]]], n: int) -> np.ndarray:
         arr = validate_embeddings([r for part in parts for r in part], n, self._dim)
@@ -390,7 +377,7 @@ class OpenAIEmbedder:
 
 
 # =========================================================================== chat
-class OpenAIChat:
+class OpenAIChat(UsageMeter):
     """Chat completions from the OpenAI API (or any OpenAI-compatible server) as an :class:`LLM`.
 
     Each call sends one user message (and an optional system message) and returns a
@@ -449,19 +436,7 @@ class OpenAIChat:
             client=client,
             async_client=async_client,
         )
-        self._usage = Usage()
-        self._lock = threading.Lock()
-
-    @property
-    def usage(self) -> Usage:
-        """Cumulative usage since creation or the last :meth:`reset_usage` (a copy)."""
-        with self._lock:
-            return self._usage.copy()
-
-    def reset_usage(self) -> None:
-        """Set the cumulative usage counters back to zero."""
-        with self._lock:
-            self._usage = Usage()
+        self._start_usage()
 
     # ------------------------------------------------------------------ helpers
     def _params(
@@ -506,8 +481,7 @@ class OpenAIChat:
         usage = Usage(
             llm_calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, seconds=seconds
         )
-        with self._lock:
-            self._usage += usage
+        self._count(usage)
         return Completion(text=text, usage=usage, logprobs=lps)
 
     # ------------------------------------------------------------------ public
