@@ -305,9 +305,9 @@ class _PostgresItems(_ItemsDB):
     """
 
     def __init__(self, url: str) -> None:
-        from shared_core.stores.postgres import _parse_url  # InvalidInputError without psycopg
+        from shared_core.stores.postgres import parse_url  # InvalidInputError without psycopg
 
-        params, self.location = _parse_url(url)
+        params, self.location = parse_url(url)
         self.prefix = f"{SCHEMA}."
         self._url = url.strip()
         self._kwargs: dict[str, Any] = {"autocommit": True}
@@ -333,11 +333,13 @@ class _PostgresItems(_ItemsDB):
     def _connect(self) -> psycopg.Connection[Any]:
         import psycopg
 
+        from shared_core.stores.postgres import first_line
+
         try:
             return psycopg.connect(self._url, **self._kwargs)
         except psycopg.Error as e:
             raise PersistenceError(
-                f"Cannot connect to PostgreSQL at {self.location}: {_first_line(e)}. Check that the server "
+                f"Cannot connect to PostgreSQL at {self.location}: {first_line(e)}. Check that the server "
                 "is running and reachable and that the URL's host, port, database name, user and password "
                 "are right (create the database first, e.g. createdb)."
             ) from None
@@ -381,16 +383,18 @@ class _PostgresItems(_ItemsDB):
     def _error(self, e: BaseException, what: str) -> PersistenceError:
         import psycopg
 
+        from shared_core.stores.postgres import first_line
+
         if isinstance(e, PersistenceError):
             return e
         if isinstance(e, psycopg.OperationalError):
             self._drop()
             return PersistenceError(
                 f"Could not {what} the LangGraph store in {self.location}: the connection to PostgreSQL "
-                f"failed ({_first_line(e)}). Nothing was changed; the next call connects again."
+                f"failed ({first_line(e)}). Nothing was changed; the next call connects again."
             )
         return PersistenceError(
-            f"Could not {what} the LangGraph store in {self.location}: PostgreSQL says {_first_line(e)}."
+            f"Could not {what} the LangGraph store in {self.location}: PostgreSQL says {first_line(e)}."
         )
 
     def _check(self, cur: psycopg.Cursor[Any], missing_ok: bool) -> bool:
@@ -513,12 +517,6 @@ class _PostgresItems(_ItemsDB):
         """Close the connection, releasing the store's lock (idempotent)."""
         self._closed = True
         self._drop()
-
-
-def _first_line(e: BaseException) -> str:
-    """The first line of an error's message (a server's message can be long)."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _target(conn: Any) -> tuple[str, Any]:

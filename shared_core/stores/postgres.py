@@ -135,12 +135,13 @@ _UPSERT_META = (
 _DEFAULT_TIMEOUT = 10.0
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (a server's message can be long)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _parse_url(url: str) -> tuple[dict[str, Any], str]:
+def parse_url(url: str) -> tuple[dict[str, Any], str]:
     """The libpq parameters of ``url`` and its name for messages (without the password).
 
     Raises:
@@ -152,7 +153,7 @@ def _parse_url(url: str) -> tuple[dict[str, Any], str]:
         params = conninfo_to_dict(url.strip())
     except psycopg.ProgrammingError as e:
         raise InvalidInputError(
-            f"Malformed PostgreSQL URL ({_first_line(e)}); write it as "
+            f"Malformed PostgreSQL URL ({first_line(e)}); write it as "
             "postgresql://user:password@host:port/dbname (see the libpq connection URI syntax)."
         ) from None
     for port in str(params.get("port") or "").split(","):
@@ -197,7 +198,7 @@ class PostgresDatabase:
     """
 
     def __init__(self, url: str, *, pool_size: int = 8, setup: bool = True) -> None:
-        params, self.location = _parse_url(url)
+        params, self.location = parse_url(url)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise InvalidInputError(f"pool_size must be a positive integer, got {pool_size!r}.")
         self.timeout = float(params.get("connect_timeout") or _DEFAULT_TIMEOUT)
@@ -236,11 +237,11 @@ class PostgresDatabase:
             if again:
                 raise PersistenceError(
                     f"The connection to PostgreSQL at {self.location} was lost and cannot be made again "
-                    f"({_first_line(e)}). Check that the server is running and reachable; nothing was "
+                    f"({first_line(e)}). Check that the server is running and reachable; nothing was "
                     "changed, and the next call connects again."
                 ) from None
             raise PersistenceError(
-                f"Cannot connect to PostgreSQL at {self.location}: {_first_line(e)}. Check that the server "
+                f"Cannot connect to PostgreSQL at {self.location}: {first_line(e)}. Check that the server "
                 "is running and reachable and that the URL's host, port, database name, user and password "
                 "are right (create the database first, e.g. createdb)."
             ) from None
@@ -288,11 +289,11 @@ class PostgresDatabase:
             self._broken = True
             raise PersistenceError(
                 f"Could not {what} {self.location}: no connection to PostgreSQL within {self.timeout:g} s "
-                f"({_first_line(e)}). Check that the server is running and reachable; nothing was changed, "
+                f"({first_line(e)}). Check that the server is running and reachable; nothing was changed, "
                 "and the next call connects again."
             ) from None
         except psycopg.Error as e:
-            raise PersistenceError(f"Could not {what} {self.location}: {_first_line(e)}.") from None
+            raise PersistenceError(f"Could not {what} {self.location}: {first_line(e)}.") from None
         with self._lock:
             self._lent[id(conn)] = (conn, pool)
         return conn
@@ -324,10 +325,10 @@ class PostgresDatabase:
             self._recover()
             return PersistenceError(
                 f"Could not {what} {self.location}: the connection to PostgreSQL failed "
-                f"({_first_line(e)}). Nothing was changed; the next call connects again."
+                f"({first_line(e)}). Nothing was changed; the next call connects again."
             )
         if isinstance(e, psycopg.Error):
-            return PersistenceError(f"Could not {what} {self.location}: PostgreSQL says {_first_line(e)}.")
+            return PersistenceError(f"Could not {what} {self.location}: PostgreSQL says {first_line(e)}.")
         if isinstance(e, (TypeError, ValueError)):
             return PersistenceError(
                 f"Could not {what} {self.location}: the memory holds data that is not JSON-serialisable "
