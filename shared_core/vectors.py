@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,21 +62,25 @@ class NodeVectors:
             usage.embedded_texts += len(todo)
             usage.seconds += time.perf_counter() - t0
             self._tx_vecs.update(zip(todo, vecs))
-            seed = getattr(self.summarizer, "seed", None)
-            if callable(seed) and getattr(self.summarizer, "embedder", None) is self.embedder:
+            seed = self._summarizer_hook("seed")
+            if seed is not None:
                 seed(todo, vecs)  # a one-sentence text's vector is its sentence's: not embedded twice
         if not texts:
             return np.zeros((0, self.dim or 0), dtype=np.float32)
         return np.stack([self._tx_vecs[t] for t in texts])
 
+    def _summarizer_hook(self, name: str) -> Any:
+        """The summariser's method ``name`` (``seed``, ``compose``) when it has one and embeds with the
+        memory's own embedder (vectors it makes or takes are then this memory's); else ``None``."""
+        fn = getattr(self.summarizer, name, None)
+        if callable(fn) and getattr(self.summarizer, "embedder", None) is self.embedder:
+            return fn
+        return None
+
     def _annotation_vecs(self, texts: Sequence[str], usage: Usage) -> np.ndarray:
         """Vectors of internal nodes' texts (see ``annotation_vectors``); rows normalised."""
-        compose = getattr(self.summarizer, "compose", None)
-        if (
-            self.annotation_vectors != "composed"
-            or not callable(compose)
-            or getattr(self.summarizer, "embedder", None) is not self.embedder
-        ):
+        compose = self._summarizer_hook("compose")
+        if self.annotation_vectors != "composed" or compose is None:
             return self._embed(texts, usage)
         texts = list(texts)
         todo = [t for t in dict.fromkeys(texts) if t not in self._tx_composed]

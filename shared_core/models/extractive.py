@@ -64,13 +64,9 @@ class ExtractiveSummarizer:
             t0 = time.perf_counter()
             vecs = validate_embeddings(self.embedder.embed(missing), len(missing), None)
             usage = Usage(embed_calls=1, embedded_texts=len(missing), seconds=time.perf_counter() - t0)
-            norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-            norms[norms == 0] = 1.0
-            vecs = vecs / norms
-            got = dict(zip(missing, vecs))
+            got = dict(zip(missing, normalize_rows(vecs)))
         with self._lock:
-            for s, v in got.items():
-                self._cache[s] = v
+            self._remember(got)
             out = {}
             for s in sentences:
                 v = got.get(s)
@@ -78,9 +74,18 @@ class ExtractiveSummarizer:
                     v = self._cache[s]
                     self._cache.move_to_end(s)
                 out[s] = v
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            self._evict()
         return out, usage
+
+    def _remember(self, vectors: dict[str, np.ndarray]) -> None:
+        """Cache sentence vectors (unit rows); the caller holds the lock and evicts afterwards."""
+        for s, v in vectors.items():
+            self._cache.setdefault(s, v)
+
+    def _evict(self) -> None:
+        """Drop the least recently used vectors beyond ``cache_size`` (the caller holds the lock)."""
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     def warm(self, texts: Sequence[str]) -> Usage:
         """Embed, in one call, the sentences of ``texts`` not yet cached (e.g. a batch of new messages).
@@ -104,11 +109,8 @@ class ExtractiveSummarizer:
             return
         vecs = normalize_rows(np.asarray(list(known.values()), dtype=np.float32))
         with self._lock:
-            for t, v in zip(known, vecs):
-                if t not in self._cache:
-                    self._cache[t] = v
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            self._remember(dict(zip(known, vecs)))
+            self._evict()
 
     def compose(self, texts: Sequence[str]) -> tuple[np.ndarray, Usage]:
         """Vectors of texts made of sentences, from the sentences' cached vectors.
