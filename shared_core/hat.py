@@ -157,9 +157,9 @@ class HAT(MemoryAgent, HierarchicalMemory):
       Answer-token recall at a 400-token budget: 0.445 against fusion's 0.430 on LoCoMo, but 0.371
       against 0.373 on RealMem, whose long assistant turns leave room for about six hits: no gain there.
     * ``alpha = 0.1``, ``horizon = 2``: the SegTreeMem paper's defaults for its Algorithm 2, not tuned
-      here. MemTree's ``alpha = 0.3`` gives 0.677 on LoCoMo but 0.555 on RealMem, below fusion; on
-      RealMem ``alpha`` 0.05 / 0.1 / 0.2 give 0.573 / 0.583 / 0.554, so the margin there is a few
-      questions' worth.
+      here (MemTree uses them too). ``alpha = 0.3`` gives 0.677 on LoCoMo but 0.555 on RealMem, below
+      fusion; on RealMem ``alpha`` 0.05 / 0.1 / 0.2 give 0.573 / 0.583 / 0.554, so the margin there is
+      a few questions' worth.
     * ``greedy`` returns leaves and sizes its beam from the call's ``k`` (the first version used the
       constructor's ``k`` whatever the call asked). A beam only prunes what ranking every leaf would
       see: ``beam`` = k, 2k, 4k, 8k reach 0.469, 0.583, 0.610, 0.616 on LoCoMo and 0.388, 0.509, 0.543,

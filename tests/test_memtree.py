@@ -512,9 +512,9 @@ def test_collapsed_threshold_topk_and_max_context():
 
 
 def test_top_down_worked_by_hand():
-    """Default retrieval: each node's relevance flows whole to the nodes below it (alpha = 0.3, H = 2),
+    """Top-down retrieval: each node's relevance flows whole to the nodes below it (alpha = 0.3, H = 2),
     message leaves are returned. Worked with dense relevance (cosines of keyword sets)."""
-    mem, reports, _ = build_worked(relevance="dense", policy="top_down", admissible="leaves")
+    mem, reports, _ = build_worked(relevance="dense", policy="top_down", admissible="leaves", alpha=0.3)
     L = [r.leaf_ids[0] for r in reports]
     P1, P2, P3 = (reports[i].details[0]["parent"] for i in (1, 3, 4))
     # "pizza": r(L3) = 1/sqrt(2), r(P2) = 1/sqrt(3) ({food, pizza, pasta}), every other node 0.
@@ -561,7 +561,7 @@ def test_defaults_options_and_bad_values():
         "top_down",
         "hybrid",
         "leaves",
-        0.3,
+        0.1,
         2,
     )
     paper = MemTree.from_config({}, embedder=KeywordEmbedder())
