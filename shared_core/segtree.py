@@ -18,7 +18,15 @@ from .prompts import fence
 from .prompts import segtree as P
 from .propagation import propagate_levelled
 from .tree import ChildTexts
-from .types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError, Usage, check_finite
+from .types import (
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    UnknownPolicyError,
+    Usage,
+    check_branching,
+    check_finite,
+)
 
 __all__ = ["SegTreeMem"]
 
@@ -155,7 +163,7 @@ class SegTreeMem(HierarchicalMemory):
             raise LLMRequiredError(f"compat={compat!r} needs an LLM; pass llm=... or use compat='cosine'.")
         self.compat = compat
         self.threshold = check_finite(threshold, "threshold")
-        self.branching = self._check_branching(branching)
+        self.branching = check_branching(branching, "the paper's new root for every dissimilar utterance")
         self.alpha = self._check_alpha(alpha)
         self.horizon = self._check_horizon(horizon)
         if isinstance(k, bool) or int(k) < 1:
@@ -181,17 +189,6 @@ class SegTreeMem(HierarchicalMemory):
             annotation_vectors=annotation_vectors,
         )
         self.default_k = self.k  # type: ignore[misc]
-
-    @staticmethod
-    def _check_branching(branching: int | None) -> int | None:
-        if branching is None:
-            return None
-        if isinstance(branching, bool) or not isinstance(branching, (int, np.integer)) or branching < 2:
-            raise InvalidInputError(
-                f"branching must be an int >= 2 or None (the paper's new root for every dissimilar "
-                f"utterance), got {branching!r}."
-            )
-        return int(branching)
 
     @staticmethod
     def _check_alpha(alpha: float) -> float:

@@ -251,3 +251,20 @@ def check_finite(x: float, name: str) -> float:
     if math.isnan(x) or math.isinf(x):
         raise InvalidInputError(f"{name} must be a finite number, got {x}.")
     return x
+
+
+def check_branching(value: Any, none_means: str) -> int | None:
+    """A branching factor (the most children a node may have): an int >= 2, or ``None`` for no bound.
+
+    Args:
+        value: the option's value.
+        none_means: what ``None`` stands for, named in the error message.
+
+    Raises:
+        InvalidInputError: not ``None`` and not an int >= 2 (booleans included).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 2:
+        raise InvalidInputError(f"branching must be an int >= 2 or None ({none_means}), got {value!r}.")
+    return int(value)

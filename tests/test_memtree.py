@@ -271,6 +271,8 @@ def check_invariants(mem: MemTree, texts: list[str], emb: KeywordEmbedder) -> No
                 min(st_.nodes[i].span[0] for i in under),
                 max(st_.nodes[i].span[1] for i in under),
             )
+    if mem.branching is not None and mem.max_depth == -1:  # the fan-out bound (the depth cap wins)
+        assert max(len(n.children) for n in st_.nodes.values()) <= mem.branching
     assert {n.id for n in st_.nodes.values() if n.is_leaf} == set(st_.leaves())
     assert [st_.nodes[i].text for i in st_.leaves()] == texts
     assert st_.nodes[root].data["entries"] == len(texts)
@@ -285,11 +287,12 @@ message_kw = st.lists(st.sampled_from(VOCAB), min_size=1, max_size=3, unique=Tru
     max_depth=st.sampled_from([-1, 1, 2, 3]),
     base=st.sampled_from([0.1, 0.4, 0.8]),
     chars=st.sampled_from([60, 600]),
+    branching=st.sampled_from([None, 2, 3, 256]),
     data=st.data(),
 )
-def test_invariants_after_inserts_and_deletions(kws, max_depth, base, chars, data):
+def test_invariants_after_inserts_and_deletions(kws, max_depth, base, chars, branching, data):
     emb = KeywordEmbedder()
-    mem = MemTree(emb, base_threshold=base, max_depth=max_depth, summary_chars=chars)
+    mem = MemTree(emb, base_threshold=base, max_depth=max_depth, summary_chars=chars, branching=branching)
     texts = [f"Entry {i} mentions {' '.join(k)}." for i, k in enumerate(kws)]
     half = (len(texts) + 1) // 2
     mem.add(texts[:half])  # several messages in one transaction
@@ -603,6 +606,48 @@ def test_saves_from_before_the_options_retrieve_as_the_paper(tmp_path):
     back = MemTree.load(tmp_path / "mt", embedder=KeywordEmbedder())
     assert (back.default_policy, back.relevance_kind, back.admissible) == ("collapsed", "dense", "all")
     assert [h.text for h in back.retrieve("pizza")] == [h.text for h in mem.retrieve("pizza")]
+
+
+def test_branching_bounds_the_fan_out_worked_by_hand():
+    """Five messages that resemble nothing (disjoint keywords: every cosine 0 < θ). The paper hangs
+    each under the root; with ``branching=3`` the root takes three, then the fourth goes down into the
+    most similar child (all tie at 0: the oldest, leaf L1, which is expanded into P = {L1, L4}), and the
+    fifth into the most similar root child again (P, 0 like the others, oldest) where it hangs (P has
+    fewer than 3 children and its child L1 is below θ(1))."""
+    texts = [f"About the {w}." for w in ("pet", "dog", "cat", "walk", "vet")]
+    paper = MemTree(KeywordEmbedder(), branching=None)
+    paper_reports = [paper.add(t) for t in texts]
+    root = paper._store.root
+    assert children(paper, root) == [r.leaf_ids[0] for r in paper_reports]
+    assert all(r.details[0]["forced"] == 0 for r in paper_reports)
+    mem = MemTree(KeywordEmbedder(), branching=3)
+    reports = [mem.add(t) for t in texts]
+    L = [r.leaf_ids[0] for r in reports]
+    root = mem._store.root
+    assert [r.details[0]["forced"] for r in reports] == [0, 0, 0, 1, 1]
+    P = reports[3].details[0]["parent"]
+    assert reports[3].details[0]["action"] == "expand" and reports[3].details[0]["expanded_leaf"] == L[0]
+    assert children(mem, root) == [P, L[1], L[2]]
+    assert children(mem, P) == [L[0], L[3], L[4]]
+    assert reports[4].details[0]["path"] == [P] and mem._store.nodes[P].data["entries"] == 3
+    # the paper's retrieval options and its insertion come back together from the module config
+    assert MemTree.from_config({}, embedder=KeywordEmbedder()).branching is None
+    for bad in (1, 0, True, 2.5, "8"):
+        with pytest.raises(InvalidInputError, match="branching must be an int >= 2 or None"):
+            MemTree(KeywordEmbedder(), branching=bad)
+
+
+def test_saves_from_before_branching_keep_the_papers_insertion(tmp_path):
+    mem = MemTree(KeywordEmbedder(), branching=3)
+    mem.add(M)
+    assert mem.branching == 3
+    mem.save(tmp_path / "mt")
+    assert MemTree.load(tmp_path / "mt", embedder=KeywordEmbedder()).branching == 3
+    path = tmp_path / "mt" / (tmp_path / "mt" / "CURRENT").read_text().strip() / "memory.json"
+    data = json.loads(path.read_text())
+    del data["config"]["branching"]
+    path.write_text(json.dumps(data))
+    assert MemTree.load(tmp_path / "mt", embedder=KeywordEmbedder()).branching is None
 
 
 def test_traversal_follows_top_k_children():
