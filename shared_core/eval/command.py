@@ -229,7 +229,13 @@ def bench_command(
         "all", "--memories", help="Comma-separated: segtree, memtree, hat, xmemory (default: all available)."
     ),
     queries: int = typer.Option(50, "--queries", min=1, help="Timed queries per size and policy."),
-    window: int = typer.Option(200, "--window", min=1, help="Timed single inserts before each size."),
+    window: int | None = typer.Option(
+        None,
+        "--window",
+        min=1,
+        help="Timed single inserts before each size (default 200); with --conversation, timed turns at "
+        "each size (default 100).",
+    ),
     throughput_turns: int = typer.Option(
         300,
         "--throughput-turns",
@@ -266,6 +272,34 @@ def bench_command(
     retrieves: int = typer.Option(
         20, "--retrieves", min=0, help="With --postgres: retrievals each process runs after its adds."
     ),
+    conversation: bool = typer.Option(
+        False,
+        "--conversation",
+        help="Run the conversation workload instead: stub models, each memory grown to each of --sizes, "
+        "then --window turns of one add and one retrieve (default policy and relevance, k = 10) next to "
+        "a flat FAISS add + search; p50/p99 CPU ms per turn. Writes workloads.json and workloads.md.",
+    ),
+    streams: str = typer.Option(
+        "topical,random", "--streams", help="With --conversation: comma-separated streams (topical, random)."
+    ),
+    ingest: bool = typer.Option(
+        False,
+        "--ingest",
+        help="Run the embedded ingest workload instead (can be combined with --conversation): real turns, "
+        "one add per message, CPU per message as a multiple of embedding the message alone.",
+    ),
+    turns: int = typer.Option(200, "--turns", min=1, help="With --ingest: first turns of each conversation."),
+    locomo: Path | None = typer.Option(
+        None,
+        "--locomo",
+        help="With --ingest: a LoCoMo JSON file (conv-26 is used) besides the RealMem excerpt.",
+    ),
+    ingest_modes: str = typer.Option(
+        "default",
+        "--ingest-modes",
+        help="With --ingest: comma-separated annotation_vectors runs: default (the constructor without "
+        "options), composed, embedded.",
+    ),
 ) -> None:
     """Algorithm overhead without model calls, next to flat FAISS and numpy search; embedded throughput.
 
@@ -274,7 +308,8 @@ def bench_command(
     thread, peak memory; then messages per second with the real local embedder. Writes bench.json,
     bench.md and bench.png to --out.
 
-    With --postgres URL only the many-processes benchmark runs instead (see docs/storage.md).
+    With --postgres URL only the many-processes benchmark runs instead (see docs/storage.md); with
+    --conversation and/or --ingest only those workloads run (see docs/evaluation.md).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if postgres is not None:
@@ -282,29 +317,42 @@ def bench_command(
         return
     from ..bench import render_markdown, run_bench
 
-    try:
-        size_list = _ints(sizes, "--sizes") or []
-        if full and 100_000 not in size_list:
-            size_list.append(100_000)
-        caps: dict[str, int] = {}
-        for item in size_cap:
-            kind, _, n = item.partition("=")
-            try:
-                caps[kind.strip()] = int(n)
-            except ValueError:
-                raise typer.BadParameter(
-                    f"--size-cap takes KIND=N, e.g. segtree=10000; got {item!r}."
-                ) from None
-        mems = (
-            None
-            if memories.strip().lower() == "all"
-            else [m.strip() for m in memories.split(",") if m.strip()]
+    size_list = _ints(sizes, "--sizes") or []
+    if full and 100_000 not in size_list:
+        size_list.append(100_000)
+    caps: dict[str, int] = {}
+    for item in size_cap:
+        kind, _, n = item.partition("=")
+        try:
+            caps[kind.strip()] = int(n)
+        except ValueError:
+            raise typer.BadParameter(f"--size-cap takes KIND=N, e.g. segtree=10000; got {item!r}.") from None
+    mems = (
+        None if memories.strip().lower() == "all" else [m.strip() for m in memories.split(",") if m.strip()]
+    )
+    if conversation or ingest:
+        _workloads_bench(
+            conversation=conversation,
+            ingest=ingest,
+            sizes=size_list,
+            memories=mems,
+            streams=[x.strip() for x in streams.split(",") if x.strip()],
+            window=100 if window is None else window,
+            seed=seed,
+            size_caps=caps,
+            turns=turns,
+            locomo=locomo,
+            modes=[x.strip() for x in ingest_modes.split(",") if x.strip()],
+            isolate=isolate,
+            out=out,
         )
+        return
+    try:
         doc = run_bench(
             sizes=size_list,
             memories=mems,
             queries=queries,
-            window=window,
+            window=200 if window is None else window,
             throughput_turns=throughput_turns,
             isolate=isolate,
             trace_max=trace_max,
@@ -317,6 +365,79 @@ def bench_command(
         raise _fail(e) from None
     _console.print(render_markdown(doc))
     _console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+
+
+def _workloads_bench(*, out: Path, isolate: bool, **kw: Any) -> None:
+    """``hiermem bench --conversation`` / ``--ingest``: progress bars, a summary, files in ``out``.
+
+    Without isolation the measured code shares its process with the progress display, which then
+    redraws only when a task advances.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..bench_workloads import run_workloads
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+        auto_refresh=isolate,
+    ) as bars:
+        tasks: dict[str, Any] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bars.add_task(label, total=total)
+            bars.update(tasks[label], completed=done, total=total, refresh=not isolate)
+
+        try:
+            doc = run_workloads(isolate=isolate, out=out, progress=progress, **kw)
+        except HierMemError as e:
+            raise _fail(e) from None
+    _print_workloads_summary(doc)
+    files = doc.get("files", {})
+    _console.print(f"wrote {', '.join(str(out / f) for f in files.values())}")
+
+
+def _print_workloads_summary(doc: dict[str, Any]) -> None:
+    """Short rich tables of a workloads document: p50/p99 CPU ms per turn beside flat, CPU per message."""
+    if doc.get("conversation"):
+        t = Table(title="conversation: CPU ms per turn (add + retrieve)")
+        for c in ("memory", "stream", "leaves", "p50", "p99", "flat p50", "flat p99", "p50 / flat"):
+            t.add_column(c, justify="left" if c in ("memory", "stream") else "right")
+        for kind, by_stream in doc["conversation"]["results"].items():
+            for stream, r in by_stream.items():
+                for s in r["sizes"]:
+                    m, f = s["memory"]["turn"], s["flat"]["turn"]
+                    t.add_row(
+                        kind,
+                        stream,
+                        f"{s['leaves']:,}",
+                        _num(m["p50_ms"]),
+                        _num(m["p99_ms"]),
+                        _num(f["p50_ms"]),
+                        _num(f["p99_ms"]),
+                        "—" if s["ratio_p50"]["turn"] is None else f"{s['ratio_p50']['turn']:.1f}",
+                    )
+        _console.print(t)
+    if doc.get("ingest"):
+        t = Table(title="ingest: CPU per message (one add each), x embedding it alone")
+        for c in ("data", "memory", "vectors", "ms/msg", "x embedding", "texts/msg"):
+            t.add_column(c, justify="left" if c in ("data", "memory", "vectors") else "right")
+        for name, ds in doc["ingest"]["datasets"].items():
+            for kind, by_mode in ds["results"].items():
+                for mode, v in by_mode.items():
+                    t.add_row(
+                        name,
+                        kind,
+                        mode + (" (default)" if v["default"] else ""),
+                        f"{v['cpu_ms_per_message']:.1f}",
+                        "—" if v["ratio"] is None else f"{v['ratio']:.2f}",
+                        f"{v['embedded_texts_per_message']:.2f}",
+                    )
+        _console.print(t)
 
 
 def _process_bench(url: str, processes: str, messages: int, queries: int, memories: str, out: Path) -> None:
