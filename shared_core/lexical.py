@@ -1,13 +1,22 @@
-"""A lexical (BM25) index over short texts keyed by integer ids, built on bm25s.
+"""A lexical (BM25) index over short texts keyed by integer ids: exact Lucene BM25, updated in place.
 
-The index keeps each text's tokens (tokenised once, at upsert) and rebuilds the bm25s model lazily:
-upserts and removals only mark it dirty, and the next query rebuilds it once from the stored tokens, so
-many queries after one build cost no rebuild.
+Tokenisation is bm25s' (English stop words, PyStemmer's Snowball stemmer); scoring is bm25s' default
+(Lucene variant, k1 = 1.5, b = 0.75) computed from postings that an upsert or a removal updates in place,
+so a query after an add costs what a query costs: no rebuild. Document frequencies, the number of
+documents and the mean document length are kept exact, so the scores equal those of a bm25s model
+built from scratch over the same texts (to float32 rounding; ``tests/test_lexical.py`` checks it).
+
+How: each text has a slot (its position); each term has a posting array of ``(slot, tf, generation)``.
+Replacing a text bumps its slot's generation and appends new postings; the old ones no longer count.
+Removing a text kills its slot. Dead postings are dropped by a compaction once they outnumber the live
+ones, so the work stays proportional to the live texts (amortised O(tokens) per upsert).
 """
 
 from __future__ import annotations
 
+import math
 import threading
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,6 +29,10 @@ __all__ = ["LexicalIndex", "tokenize"]
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_SCORES = np.zeros(0, dtype=np.float32)
+K1 = 1.5
+B = 0.75
+_MIN_CAP = 4
+_COMPACT_FLOOR = 4096  # dead postings tolerated before a compaction whatever the live count
 
 
 def _make_stemmer(stem: bool) -> Any:
@@ -61,12 +74,35 @@ def tokenize(texts: Sequence[str], *, stem: bool = True, stopwords: str | None =
     return _tokenize(texts, stopwords, _make_stemmer(stem))
 
 
+def _grow(a: np.ndarray, need: int, fill: int | None = None) -> np.ndarray:
+    """``a`` with room for at least ``need`` entries along axis 0 (capacity doubles; new entries filled)."""
+    if need <= len(a):
+        return a
+    cap = max(need, 2 * len(a), _MIN_CAP)
+    out = (
+        np.empty((cap, *a.shape[1:]), dtype=a.dtype)
+        if fill is None
+        else np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
+    )
+    out[: len(a)] = a
+    return out
+
+
 class LexicalIndex:
-    """BM25 index of texts keyed by integer ids (bm25s, Lucene variant, k1 = 1.5, b = 0.75).
+    """BM25 index of texts keyed by integer ids (Lucene BM25 as bm25s computes it, k1 = 1.5, b = 0.75).
 
     Defaults follow LlamaIndex's ``BM25Retriever``: bm25s' English stop words and PyStemmer's English
     Snowball stemmer applied to both documents and queries. ``LexicalIndex(stem=False)`` is bm25s with
     its default tokenisation (English stop words, no stemming); ``stopwords=None`` keeps every token.
+
+    For a query with terms ``t`` (repeated terms count again, as in bm25s), a text ``d`` of ``|d|``
+    tokens scores ``sum_t idf(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))`` with
+    ``idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))`` over the ``N`` stored texts (texts without
+    tokens count in ``N`` and ``avgdl``, as they do in a bm25s model built over them).
+
+    Updates are in place: :meth:`upsert` and :meth:`remove` cost O(tokens of the texts touched)
+    (amortised; dead postings are compacted away once they outnumber the live ones), and a query costs
+    O(postings of its terms + stored texts), never a rebuild.
 
     Args:
         stem: stem tokens with the English Snowball stemmer, default ``True``.
@@ -75,10 +111,11 @@ class LexicalIndex:
     Raises:
         InvalidInputError: ``stopwords`` is not a list name bm25s knows.
 
-    Thread-safe: one lock guards the stored tokens, the stemmer and the lazily built model.
+    Thread-safe: one lock guards the postings, the stemmer and the statistics.
 
     References:
-        Robertson & Zaragoza (2009), BM25 (Lucene scoring); bm25s (Lù, 2024); LlamaIndex
+        Robertson & Zaragoza (2009), BM25; Kamphuis et al. (ECIR 2020), "Which BM25 do you mean?"
+        (Lucene variant); bm25s (Lù, 2024) ``method="lucene"``; LlamaIndex
         ``llama_index.retrievers.bm25.BM25Retriever`` defaults.
     """
 
@@ -93,13 +130,25 @@ class LexicalIndex:
         self.stem = bool(stem)
         self.stopwords = stopwords
         self._stemmer = _make_stemmer(self.stem)
-        self._tokens: dict[int, list[str]] = {}
+        self._tokens: dict[int, list[str]] = {}  # id -> tokens, in first-insertion order
         self._lock = threading.RLock()
-        self._dirty = False
-        self._model: bm25s.BM25 | None = None
-        self._ids = _EMPTY_IDS
-        self._pos: dict[int, int] = {}
-        self.builds = 0  # number of bm25s rebuilds so far (for tests and benchmarks)
+        self.compactions = 0  # times the postings were compacted (for tests and benchmarks)
+        self._clear_postings()
+
+    def _clear_postings(self) -> None:
+        self._vocab: dict[str, int] = {}
+        self._post: list[np.ndarray] = []  # term -> int64 (cap, 3): slot, tf, generation
+        self._post_n: list[int] = []  # term -> postings used
+        self._df = np.zeros(0, dtype=np.int64)  # term -> live texts holding it
+        self._slot_id = np.zeros(0, dtype=np.int64)  # slot -> id
+        self._slot_len = np.zeros(0, dtype=np.float64)  # slot -> tokens
+        self._slot_gen = np.zeros(0, dtype=np.int64)  # slot -> generation (-1: dead)
+        self._n_slots = 0
+        self._slot_of: dict[int, int] = {}
+        self._slot_by_id = np.full(0, -1, dtype=np.int64)  # id -> slot for ids in [0, len)
+        self._total_len = 0
+        self._live_postings = 0
+        self._dead_postings = 0
 
     # ------------------------------------------------------------------ updates
     def upsert(self, ids: Sequence[int], texts: Sequence[str]) -> None:
@@ -133,18 +182,21 @@ class LexicalIndex:
         with self._lock:  # PyStemmer stemmers are not thread-safe: tokenise under the lock
             toks = _tokenize(texts, self.stopwords, self._stemmer)
             for i, t in zip(clean, toks):
-                self._tokens[i] = t
-            self._dirty = True
+                self._put(i, t)
+            self._maybe_compact()
 
     def remove(self, ids: Iterable[int]) -> None:
         """Remove ids; ids not present are ignored."""
         with self._lock:
-            changed = False
             for i in ids:
-                if self._tokens.pop(int(i), None) is not None:
-                    changed = True
-            if changed:
-                self._dirty = True
+                i = int(i)
+                if i in self._tokens:
+                    slot = self._slot_of.pop(i)
+                    self._retire(slot, self._tokens.pop(i))
+                    self._slot_gen[slot] = -1
+                    if 0 <= i < len(self._slot_by_id):
+                        self._slot_by_id[i] = -1
+            self._maybe_compact()
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -152,23 +204,93 @@ class LexicalIndex:
     def __contains__(self, i: object) -> bool:
         return isinstance(i, (int, np.integer)) and int(i) in self._tokens
 
-    # ------------------------------------------------------------------ model
-    def _build(self) -> None:
-        ids = np.fromiter(self._tokens.keys(), dtype=np.int64, count=len(self._tokens))
-        tokens = list(self._tokens.values())
-        model: bm25s.BM25 | None = None
-        if any(tokens):  # bm25s cannot index a corpus without a single token
-            model = bm25s.BM25()
-            model.index(tokens, show_progress=False)
-        self._model = model
-        self._ids = ids
-        self._pos = {int(i): p for p, i in enumerate(ids)}
-        self._dirty = False
-        self.builds += 1
+    # ------------------------------------------------------------------ postings
+    def _retire(self, slot: int, tokens: list[str]) -> None:
+        """Take a slot's current text out of the statistics (its postings become dead)."""
+        terms = set(tokens)
+        for t in terms:
+            self._df[self._vocab[t]] -= 1
+        self._total_len -= len(tokens)
+        self._live_postings -= len(terms)
+        self._dead_postings += len(terms)
 
-    def _ensure(self) -> None:
-        if self._dirty:
-            self._build()
+    def _put(self, i: int, tokens: list[str]) -> None:
+        slot = self._slot_of.get(i)
+        if slot is None:
+            slot = self._n_slots
+            self._n_slots += 1
+            self._slot_id = _grow(self._slot_id, self._n_slots)
+            self._slot_len = _grow(self._slot_len, self._n_slots)
+            self._slot_gen = _grow(self._slot_gen, self._n_slots)
+            self._slot_id[slot] = i
+            self._slot_gen[slot] = 0
+            self._slot_of[i] = slot
+            if i >= 0:
+                self._slot_by_id = _grow(self._slot_by_id, i + 1, fill=-1)
+                self._slot_by_id[i] = slot
+        else:
+            self._retire(slot, self._tokens[i])
+            self._slot_gen[slot] += 1
+        self._tokens[i] = tokens
+        self._slot_len[slot] = len(tokens)
+        self._total_len += len(tokens)
+        self._post_text(slot, int(self._slot_gen[slot]), tokens)
+
+    def _post_text(self, slot: int, gen: int, tokens: list[str]) -> None:
+        counts = Counter(tokens)
+        vocab = self._vocab
+        for t, tf in counts.items():
+            tid = vocab.get(t)
+            if tid is None:
+                tid = vocab[t] = len(self._post)
+                self._post.append(np.empty((_MIN_CAP, 3), dtype=np.int64))
+                self._post_n.append(0)
+                self._df = _grow(self._df, tid + 1, fill=0)
+            n = self._post_n[tid]
+            arr = self._post[tid] = _grow(self._post[tid], n + 1)
+            arr[n, 0] = slot
+            arr[n, 1] = tf
+            arr[n, 2] = gen
+            self._post_n[tid] = n + 1
+            self._df[tid] += 1
+        self._live_postings += len(counts)
+
+    def _maybe_compact(self) -> None:
+        if self._dead_postings > max(self._live_postings, _COMPACT_FLOOR):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the postings from the live texts, in their order (drops dead slots and postings)."""
+        tokens = self._tokens
+        self._clear_postings()
+        for i, t in tokens.items():
+            self._put(i, t)
+        self.compactions += 1
+
+    # ------------------------------------------------------------------ scoring
+    def _slot_scores(self, query: str) -> np.ndarray:
+        """``float64 (n_slots,)`` BM25 scores of every slot (dead slots score 0)."""
+        n = self._n_slots
+        out = np.zeros(n, dtype=np.float64)
+        N = len(self._tokens)
+        if N == 0 or self._total_len == 0:
+            return out
+        avgdl = self._total_len / N
+        q = _tokenize([query], self.stopwords, self._stemmer)[0]
+        gen = self._slot_gen[:n]
+        for t, times in Counter(x for x in q if x).items():
+            tid = self._vocab.get(t)
+            if tid is None or self._df[tid] == 0:
+                continue
+            df = float(self._df[tid])
+            idf = math.log(1.0 + (N - df + 0.5) / (df + 0.5))
+            p = self._post[tid][: self._post_n[tid]]
+            live = p[:, 2] == gen[p[:, 0]]
+            slots = p[live, 0]
+            tf = p[live, 1].astype(np.float64)
+            dl = self._slot_len[slots]
+            out[slots] += (times * idf) * tf / (tf + K1 * (1.0 - B + B * dl / avgdl))
+        return out
 
     def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """BM25 scores of ``query`` against every stored text.
@@ -177,9 +299,9 @@ class LexicalIndex:
             query: the query string.
 
         Returns:
-            ``(ids, scores)``: ``int64`` array ``(n,)`` of ids in insertion order and ``float32`` array
-            ``(n,)`` of scores (0 where no query term occurs; all zeros when the query has no known
-            token); two empty arrays when the index is empty.
+            ``(ids, scores)``: ``int64`` array ``(n,)`` of ids in insertion order (a replaced text keeps
+            its place) and ``float32`` array ``(n,)`` of scores (0 where no query term occurs; all
+            zeros when the query has no known token); two empty arrays when the index is empty.
 
         Raises:
             InvalidInputError: ``query`` is not a string.
@@ -187,18 +309,45 @@ class LexicalIndex:
         if not isinstance(query, str):
             raise InvalidInputError(f"query must be a str, got {type(query).__name__}.")
         with self._lock:
-            self._ensure()
-            ids = self._ids
-            if ids.size == 0:
+            if not self._tokens:
                 return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
-            out = np.zeros(ids.size, dtype=np.float32)
-            model = self._model
-            if model is not None:
-                q = _tokenize([query], self.stopwords, self._stemmer)[0]
-                q = [t for t in q if t and t in model.vocab_dict]
-                if q:
-                    out = np.asarray(model.get_scores(q), dtype=np.float32)
-            return ids.copy(), out
+            n = self._n_slots
+            live = self._slot_gen[:n] >= 0
+            return self._slot_id[:n][live].copy(), self._slot_scores(query)[live].astype(np.float32)
+
+    def scores_for(self, query: str, ids: np.ndarray) -> np.ndarray:
+        """BM25 scores of ``query`` for the given ids, aligned with them (0 for ids not stored).
+
+        The vectorised form of :meth:`scores` for a caller that holds its own id order (e.g. the rows
+        of a vector index): O(postings of the query terms + len(ids)) with no Python loop over ids.
+
+        Args:
+            query: the query string.
+            ids: ``int64`` array ``(n,)`` of ids.
+
+        Returns:
+            ``float32`` array ``(n,)``.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        if not isinstance(query, str):
+            raise InvalidInputError(f"query must be a str, got {type(query).__name__}.")
+        ids = np.asarray(ids, dtype=np.int64)
+        with self._lock:
+            out = np.zeros(len(ids), dtype=np.float32)
+            if not self._tokens or len(ids) == 0:
+                return out
+            s = self._slot_scores(query)
+            m = self._slot_by_id
+            inside = (ids >= 0) & (ids < len(m))
+            slots = np.full(len(ids), -1, dtype=np.int64)
+            slots[inside] = m[ids[inside]]
+            for j in np.flatnonzero(~inside).tolist():  # negative or unseen large ids
+                slots[j] = self._slot_of.get(int(ids[j]), -1)
+            ok = slots >= 0
+            out[ok] = s[slots[ok]]
+            return out
 
     def top_k(self, query: str, k: int, subset: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best-scoring ids for ``query``, best first.
@@ -222,8 +371,8 @@ class LexicalIndex:
         with self._lock:
             ids, sc = self.scores(query)
             if subset is not None:
-                pos = sorted({self._pos[int(i)] for i in subset if int(i) in self._pos})
-                sel = np.asarray(pos, dtype=np.int64)
+                keep = {int(i) for i in subset}
+                sel = np.fromiter((int(i) in keep for i in ids.tolist()), dtype=bool, count=len(ids))
                 ids, sc = ids[sel], sc[sel]
         if ids.size == 0:
             return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()

@@ -171,13 +171,7 @@ class Ranking:
             dense = np.maximum(cos, 0.0).astype(np.float32)
             if kind == "dense":
                 return ids, dense
-        lex_ids, lex = self._lexical_index().scores(query)
-        pos = {int(i): j for j, i in enumerate(ids.tolist())}
-        bm = np.zeros(len(ids), dtype=np.float32)
-        if len(lex_ids):
-            rows = np.fromiter((pos.get(int(i), -1) for i in lex_ids), dtype=np.int64, count=len(lex_ids))
-            ok = rows >= 0
-            bm[rows[ok]] = np.asarray(lex, dtype=np.float32)[ok]
+        bm = self._lexical_index().scores_for(query, ids)
         if kind == "bm25":
             return ids, bm
         assert dense is not None

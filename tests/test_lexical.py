@@ -63,16 +63,12 @@ def test_stop_words_ignored_only_with_a_list():
     np.testing.assert_array_equal(a, b)
 
 
-def test_lazy_rebuild_reflects_upserts_and_removes():
+def test_updates_in_place_reflect_upserts_and_removes():
     idx = LexicalIndex()
     idx.upsert([0, 1], ["apples are red", "bananas are yellow"])
-    assert idx.builds == 0
-    for _ in range(3):
-        idx.scores("apples")
-    assert idx.builds == 1  # many queries, one build
     idx.upsert([2], ["cherries are red"])
     s = _score_of(idx, "cherries")
-    assert idx.builds == 2 and s[2] > 0 and len(s) == 3
+    assert s[2] > 0 and len(s) == 3
     idx.upsert([0], ["grapes are green"])  # replace in place
     s = _score_of(idx, "apples")
     assert all(v == 0 for v in s.values())
@@ -81,10 +77,22 @@ def test_lazy_rebuild_reflects_upserts_and_removes():
     idx.remove([2, 99])
     assert 2 not in idx and len(idx) == 2
     assert 2 not in _score_of(idx, "cherries")
-    builds = idx.builds
-    idx.remove([42])  # nothing removed: stays clean
-    idx.scores("grapes")
-    assert idx.builds == builds
+    idx.upsert([2], ["cherries again"])  # a removed id comes back at the end
+    assert list(idx.scores("x")[0]) == [0, 1, 2] and _score_of(idx, "cherries")[2] > 0
+    assert idx.compactions == 0
+
+
+def test_compaction_keeps_order_and_scores():
+    idx = LexicalIndex(stem=False, stopwords=None)
+    idx.upsert(list(range(5)), [f"w{i} common" for i in range(5)])
+    before = idx.scores("common w3")
+    for r in range(3000):  # every replacement leaves two dead postings behind
+        idx.upsert([r % 5], [f"w{r % 5} common"])
+    assert idx.compactions >= 1
+    after = idx.scores("common w3")
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_allclose(after[1], before[1], rtol=1e-6)
+    assert idx._dead_postings <= max(idx._live_postings, 4096)
 
 
 def test_empty_index_and_unknown_tokens():
@@ -181,3 +189,55 @@ def test_positive_score_iff_shared_token(docs, query, stem):
     top, tsc = idx.top_k(" ".join(query), k=3)
     assert np.all(np.diff(tsc) <= 0)
     assert tsc[0] == sc.max()
+
+
+def _bm25s_reference(texts: dict[int, str], query: str, stem: bool) -> dict[int, float]:
+    """A bm25s model built from scratch over the live texts (what the index must equal)."""
+    import bm25s
+
+    ids = list(texts)
+    toks = tokenize([texts[i] for i in ids], stem=stem)
+    if not any(toks):
+        return {i: 0.0 for i in ids}
+    model = bm25s.BM25()
+    model.index(toks, show_progress=False)
+    q = [t for t in tokenize([query], stem=stem)[0] if t in model.vocab_dict]
+    sc = model.get_scores(q) if q else np.zeros(len(ids))
+    return {i: float(s) for i, s in zip(ids, sc)}
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "remove"]),
+        st.integers(0, 12),
+        st.lists(st.sampled_from(WORDS), min_size=0, max_size=7),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS, queries=st.lists(st.lists(st.sampled_from(WORDS), max_size=4), min_size=1, max_size=3))
+def test_in_place_updates_equal_a_bm25s_model_built_from_scratch(ops, queries):
+    # differential: any sequence of upserts (new and replacing) and removals, queried at every step,
+    # scores as a bm25s model indexed over the texts present at that step, in the same order
+    idx = LexicalIndex(stem=True)
+    live: dict[int, str] = {}
+    for op, i, words in ops:
+        if op == "put":
+            idx.upsert([i], [" ".join(words)])
+            live[i] = " ".join(words)
+        else:
+            idx.remove([i])
+            live.pop(i, None)
+        for q in queries:
+            got = _score_of(idx, " ".join(q))
+            want = _bm25s_reference(live, " ".join(q), stem=True)
+            assert list(got) == list(want)
+            for key in want:
+                assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6)
+            arr = np.asarray(list(live) + [99, -3], dtype=np.int64)
+            aligned = idx.scores_for(" ".join(q), arr)
+            assert aligned[-2:].tolist() == [0.0, 0.0]
+            np.testing.assert_allclose(aligned[:-2], [got[k] for k in live], rtol=1e-6)
