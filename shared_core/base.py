@@ -29,6 +29,7 @@ from .ranking import ADMISSIBLE, RELEVANCE_KINDS, Ranking, TokenBudget, check_ch
 from .relevance import check_weight
 from .stores import Store, attach_store, connect, open_memory
 from .stores.encoding import MEMORY_FORMAT
+from .structure import NodeArrays
 from .tree import NodeStore
 from .types import (
     AddReport,
@@ -175,6 +176,8 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         self._state_snapshot: Any = None
         self._index_created = False  # the open transaction created the index
         self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
+        self._arrays = NodeArrays()  # parent / level / leaf per node id, for vectorised ranking
+        self._structure_cache: tuple[tuple[int, int], Any] | None = None
         self._max_tokens: int | None = None  # the budget of the retrieve under way
         self._allowed: set[int] | None = None  # nodes the filter of the retrieve under way lets through
         self._version = 0  # bumped on every commit; caches key on it

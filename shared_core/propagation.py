@@ -167,7 +167,7 @@ def propagate_levelled(
     r = np.asarray(r, dtype=np.float64)
     n = len(r)
     weight = 1.0 + gap  # a node and its copies
-    total = float(r @ weight)
+    total = float((r * weight).sum())  # no BLAS call: a threaded dot product costs more than it saves
     s0 = r / total if total > 0 else np.full(n, 1.0 / float(weight.sum()))
     powers = alpha ** np.arange(H + 1, dtype=np.float64)
     norm = float(powers.sum())
@@ -191,7 +191,7 @@ def propagate_levelled(
             down = k - g - 1
             contrib = np.where(down <= 0, s0[kid], M[np.maximum(down, 0), kid])
             np.add.at(M[k], P, contrib)
-    scores = powers @ M / norm
+    scores = sum(powers[k] * M[k] for k in range(H + 1)) / norm
     if not with_copies:
         return scores, scores
     best = scores.copy()

@@ -23,6 +23,7 @@ from .types import Hit, UnknownPolicyError
 if TYPE_CHECKING:
     from .index import NodeIndex
     from .models.base import Embedder
+    from .structure import NodeArrays
     from .tree import NodeStore
     from .types import Usage
 
@@ -97,6 +98,8 @@ class Ranking:
     _lex_removed: set[int]
     _query_usage: Usage
     _operator_cache: tuple[Any, Any] | None
+    _arrays: NodeArrays
+    _structure_cache: tuple[tuple[int, int], Any] | None
     _max_tokens: int | None
     _allowed: set[int] | None
     _version: int
@@ -224,14 +227,7 @@ class Ranking:
         if cached is not None and cached[0] == key:
             W = cached[1]
         else:
-            pos = {int(i): j for j, i in enumerate(ids.tolist())}
-            nodes = self._store.nodes
-            parent = np.fromiter(
-                (pos.get(nodes[i].parent, -1) if nodes[i].parent is not None else -1 for i in ids.tolist()),
-                dtype=np.int64,
-                count=len(ids),
-            )
-            W = propagation_matrix(parent, direction, normalize=normalize)
+            W = propagation_matrix(self._structure(ids)[0], direction, normalize=normalize)
             self._operator_cache = (key, W)
         return propagate(W, s0, alpha, horizon)
 
@@ -242,8 +238,25 @@ class Ranking:
 
     def _leaf_mask(self, ids: np.ndarray) -> np.ndarray:
         """``bool (n,)``: which of the node ids are message leaves."""
-        nodes = self._store.nodes
-        return np.fromiter((nodes[int(i)].is_leaf for i in ids.tolist()), dtype=bool, count=len(ids))
+        self._arrays.sync(self._store)
+        return self._arrays.leaf[np.asarray(ids, dtype=np.int64)]
+
+    def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(parent_pos, leaf, level_gap)`` of the indexed node ids ``ids`` (in index row order).
+
+        ``parent_pos[j]`` is the position in ``ids`` of node ``j``'s parent (``-1`` for a root or a
+        parent without text, whose children then count as roots), ``leaf`` the leaf mask and
+        ``level_gap[j]`` the parent's level minus the node's minus one (SegTreeMem: the single-child
+        copies between them). Vectorised over :class:`~shared_core.structure.NodeArrays`; cached per
+        tree version.
+        """
+        key = (self._version, len(ids))
+        cached = self._structure_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = self._arrays.aligned(self._store, ids)
+        self._structure_cache = (key, out)
+        return out
 
     def _drawn_leaves(self, nid: int) -> Iterable[int]:
         """Leaves outside a node's subtree whose messages its text draws on (none in a tree).

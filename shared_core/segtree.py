@@ -177,7 +177,6 @@ class SegTreeMem(HierarchicalMemory):
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
-        self._structure_cache: tuple[tuple[int, int], Any] | None = None
         super().__init__(
             embedder,
             llm,
@@ -431,32 +430,6 @@ class SegTreeMem(HierarchicalMemory):
         return pool.index(distinct[best]) + first if float(sims[best]) >= self.threshold else None
 
     # ------------------------------------------------------------------ retrieval (Algorithm 2)
-    def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Parent positions (``-1`` for the root), the leaf mask and the copy gaps of ``ids``.
-
-        ``gap[j]`` is the number of single-child copies between node ``j`` and its parent (its parent's
-        level minus its own, minus one): the chain nodes of Algorithm 1 that are not stored. Cached per
-        tree version.
-        """
-        key = (self._version, len(ids))
-        cached = self._structure_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        nodes = self._store.nodes
-        pos = {i: j for j, i in enumerate(ids.tolist())}
-        parent = np.full(len(ids), -1, dtype=np.int64)
-        leaf = np.zeros(len(ids), dtype=bool)
-        gap = np.zeros(len(ids), dtype=np.int64)
-        for j, i in enumerate(ids.tolist()):
-            n = nodes[i]
-            leaf[j] = n.is_leaf
-            if n.parent is not None:
-                parent[j] = pos.get(n.parent, -1)
-                gap[j] = nodes[n.parent].level - n.level - 1
-        out = (parent, leaf, gap)
-        self._structure_cache = (key, out)
-        return out
-
     def scores(
         self,
         query: str,

@@ -137,6 +137,9 @@ class NodeStore:
         self._journal: list[tuple[str, Any, Any]] = []
         self.changed: set[int] = set()  # nodes whose text was set or that were created in this tx
         self.removed: set[int] = set()
+        # ids created, touched or deleted since the last take_changes(), in or out of a transaction
+        # (a rollback adds the ids it restores): what per-node arrays must re-read
+        self._since: set[int] = set()
 
     # ------------------------------------------------------------------ transactions
     def begin(self) -> None:
@@ -165,6 +168,7 @@ class NodeStore:
     def rollback(self) -> None:
         if not self._tx:
             return
+        self._since.update(self._saved)
         for nid, old in self._saved.items():
             if old is _MISSING:
                 self.nodes.pop(nid, None)
@@ -194,8 +198,18 @@ class NodeStore:
         self._journal = []
         self.changed, self.removed = set(), set()
 
+    def take_changes(self) -> set[int]:
+        """Ids of the nodes created, changed, deleted or restored since the previous call (then cleared).
+
+        For one consumer that keeps per-node arrays in step with the store
+        (:class:`~shared_core.structure.NodeArrays`): re-reading these ids is enough.
+        """
+        out, self._since = self._since, set()
+        return out
+
     def _touch(self, nid: int) -> Node:
         node = self.get(nid)
+        self._since.add(nid)
         if self._tx and nid not in self._saved:
             self._saved[nid] = node.copy()
         return node
@@ -323,6 +337,7 @@ class NodeStore:
         if self._tx:
             self._saved[nid] = _MISSING
         self.nodes[nid] = node
+        self._since.add(nid)
         self.changed.add(nid)
         return node
 
