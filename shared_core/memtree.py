@@ -31,6 +31,7 @@ from .models.llm_summarizer import LLMSummarizer, render_children
 from .prompts import fence
 from .prompts import memtree as P
 from .propagation import check_alpha, check_horizon
+from .ranking import best_first
 from .types import InvalidInputError, Message, ModelError, Usage, check_branching, check_finite
 
 __all__ = ["MemTree", "MemTreeAggregator"]
@@ -841,7 +842,7 @@ class MemTree(HierarchicalMemory):
         used = 0
         budget = TokenBudget(self._max_tokens)
         keep = np.nonzero(scores >= threshold)[0]
-        for j in keep[np.lexsort((ids[keep], -scores[keep]))].tolist():
+        for j in best_first(ids, scores, keep):
             nid = int(ids[j])
             text = st.nodes[nid].text
             if not text or text in seen or used + len(text) > max_context:

@@ -9,7 +9,7 @@ own structure and policies on top.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from .tree import NodeStore
     from .types import Usage
 
-__all__ = ["ADMISSIBLE", "RELEVANCE_KINDS", "Ranking", "TokenBudget", "check_choice", "count_tokens"]
+__all__ = [
+    "ADMISSIBLE",
+    "RELEVANCE_KINDS",
+    "Ranking",
+    "TokenBudget",
+    "best_first",
+    "check_choice",
+    "count_tokens",
+]
 
 #: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
@@ -51,6 +59,37 @@ def count_tokens(text: str) -> int:
     from .eval.metrics import count_tokens as _count
 
     return _count(text)
+
+
+def best_first(ids: np.ndarray, scores: np.ndarray, pos: np.ndarray | None = None) -> Iterator[int]:
+    """Positions in best-first order — score descending, ties by node id ascending — produced lazily.
+
+    Equal to ``pos[np.lexsort((ids[pos], -scores[pos]))]`` walked from the front, but a walk that stops
+    after a few candidates sorts only a prefix: the best ``m`` (every position scoring at least the
+    ``m``-th best score, so ties are whole) are selected with ``argpartition`` and sorted, and ``m`` grows
+    eightfold only when the walk goes on past them. A top-k walk over ``n`` nodes costs O(n), not
+    O(n log n).
+
+    Args:
+        ids: node ids ``int64 (n,)``. scores: ``float (n,)``.
+        pos: positions to walk (default all), e.g. the admissible ones.
+
+    Yields:
+        Positions into ``ids`` / ``scores``.
+    """
+    pos = np.arange(len(ids)) if pos is None else np.asarray(pos, dtype=np.int64)
+    m = 64
+    while len(pos):
+        if len(pos) <= m:
+            yield from pos[np.lexsort((ids[pos], -scores[pos]))].tolist()
+            return
+        neg = -scores[pos]
+        cut = np.partition(neg, m - 1)[m - 1]
+        head = neg <= cut
+        part = pos[head]
+        yield from part[np.lexsort((ids[part], -scores[part]))].tolist()
+        pos = pos[~head]
+        m *= 8
 
 
 class TokenBudget:
@@ -325,14 +364,13 @@ class Ranking:
         allowed = self._allowed_mask(ids)
         if allowed is not None:
             admissible = allowed if admissible is None else admissible & allowed
-        pos = np.nonzero(admissible)[0] if admissible is not None else np.arange(len(ids))
-        order = pos[np.lexsort((ids[pos], -scores[pos]))]
+        pos = np.nonzero(admissible)[0] if admissible is not None else None
         nodes = self._store.nodes
         out: list[tuple[int, float, dict[str, Any]]] = []
         seen: set[str] = set()
         budget = TokenBudget(self._max_tokens)
         fitting = 0
-        for j in order.tolist():
+        for j in best_first(ids, scores, pos):
             text = nodes[int(ids[j])].text
             if text in seen:  # e.g. a single-child node repeats its child's text
                 continue

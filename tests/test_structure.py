@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared_core.ranking import best_first
 from shared_core.structure import NodeArrays
 from shared_core.tree import NodeStore
 from tests.test_durable import KINDS, HashEmbedder, make_memory, message_text
@@ -113,3 +114,20 @@ def test_memory_structure_matches_its_nodes_after_adds_deletes_and_a_load(kind, 
     ids = loaded._index.ids.copy()
     for g, w in zip(loaded._structure(ids), _naive(loaded._store, ids)):
         np.testing.assert_array_equal(g, w)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([0.0, 0.1, 0.5, 0.5, 0.9, 1.0, 0.33]), min_size=0, max_size=700),
+    keep_every=st.integers(1, 3),
+    seed=st.integers(0, 5),
+)
+def test_best_first_walks_the_full_lexsort_order(scores, keep_every, seed):
+    # many ties, sizes around the chunk boundaries (64, 512): the lazy walk equals the full sort
+    rng = np.random.default_rng(seed)
+    sc = np.asarray(scores, dtype=np.float64)
+    ids = rng.permutation(len(sc) * 3)[: len(sc)].astype(np.int64)
+    pos = np.arange(0, len(sc), keep_every)
+    want = pos[np.lexsort((ids[pos], -sc[pos]))].tolist()
+    assert list(best_first(ids, sc, pos)) == want
+    assert list(best_first(ids, sc)) == np.lexsort((ids, -sc)).tolist()
