@@ -2,9 +2,9 @@
 
 Inner product of normalised vectors is cosine similarity. Ids are node ids. An update of an existing id
 overwrites its row in place (O(dim)), which equals remove + add for a flat index but does not shift rows;
-removal compacts the index (O(n)), so it is kept for deletions. Scoring every node for one query uses a
-numpy product over FAISS's own storage (no copy); top-k and restricted search (``IDSelectorBatch``) use
-FAISS.
+removal compacts the index (O(n)), so it is kept for deletions. Scoring every node for one query runs
+FAISS's inner-product kernel over its own storage (no copy); top-k and restricted search
+(``IDSelectorBatch``) use FAISS.
 
 Changes can be grouped in a transaction (:meth:`NodeIndex.begin` / :meth:`~NodeIndex.commit` /
 :meth:`~NodeIndex.rollback`): the index keeps the previous vector of every row it overwrites and, at the
@@ -17,26 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import faiss
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from .types import EmbeddingError, PersistenceError
 
 __all__ = ["NodeIndex", "normalize_rows"]
-
-_BLAS: ThreadpoolController | None = None
-
-
-def _one_blas_thread() -> Any:
-    """Context limiting BLAS to one thread: a single-query product is memory-bound, and on a busy
-    machine a multi-threaded BLAS spends 10-100x longer synchronising its threads than computing."""
-    global _BLAS
-    if _BLAS is None:
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
@@ -231,7 +218,7 @@ class NodeIndex:
         """
         mat = self._matrix()
         rows = [self._row_of[int(i)] for i in ids]
-        return np.array(mat[rows], dtype=np.float32) if rows else np.zeros((0, self.dim), np.float32)
+        return mat[rows] if rows else np.zeros((0, self.dim), np.float32)  # fancy indexing copies
 
     def scores_all(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cosine of one query with every stored vector.
@@ -243,8 +230,11 @@ class NodeIndex:
             ``(ids int64 (n,), scores float32 (n,))`` in row order.
         """
         q = self._check(query, 1)[0]
-        with _one_blas_thread():
-            scores = self._matrix() @ q
+        n = len(self)
+        scores = np.empty(n, dtype=np.float32)
+        if n:  # FAISS's SIMD kernel over its own storage: 2-3x faster than a BLAS sgemv here
+            xb = faiss.downcast_index(self._index.index).get_xb()
+            faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(q), xb, self.dim, n)
         return self.ids.copy(), scores
 
     def search(
