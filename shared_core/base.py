@@ -440,6 +440,7 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         if self._lexical is not None:
             self._lex_dirty |= set(live)
             self._lex_removed |= gone
+        self._vectors_written(set(live) | gone)
         self._pending = {}
         self._tx_vecs = {}
         self._tx_composed = {}
@@ -448,6 +449,10 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         self._version += 1
         if interrupted is not None:
             raise interrupted
+
+    def _vectors_written(self, ids: set[int]) -> None:
+        """Hook: the indexed vectors of ``ids`` were just written or removed (a commit landed, or another
+        process's commits were applied). Caches of index vectors refresh those rows; default: nothing."""
 
     def _rollback(self) -> None:
         """Undo the open transaction (no-op once it is committed)."""

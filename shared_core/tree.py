@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -197,6 +197,11 @@ class NodeStore:
         self._saved = {}
         self._journal = []
         self.changed, self.removed = set(), set()
+
+    def note_changes(self, ids: Iterable[int]) -> None:
+        """Report nodes changed by direct writes to :attr:`nodes` (e.g. applying another process's
+        commits), so :meth:`take_changes` returns them too."""
+        self._since.update(ids)
 
     def take_changes(self) -> set[int]:
         """Ids of the nodes created, changed, deleted or restored since the previous call (then cleared).

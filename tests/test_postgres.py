@@ -37,6 +37,7 @@ from tests.test_durable import (  # noqa: E402
     message_text,
     stripped,
 )
+from tests.test_structure import naive_structure  # noqa: E402
 
 QUERY = "what about dogs and music"
 
@@ -179,6 +180,10 @@ def test_two_memories_see_each_others_changes(kind, pg_url, monkeypatch):
     assert stripped(fresh.to_dict()) == stripped(a.to_dict())
     assert sorted(index_snapshot(fresh)[0]) == sorted(index_snapshot(a)[0]) == sorted(index_snapshot(b)[0])
     assert answers(fresh) == answers(a) == answers(b)
+    for m in (a, b, fresh):  # per-node arrays followed the rows applied from the other process
+        ids = m._index.ids.copy()
+        for got, want in zip(m._structure(ids), naive_structure(m._store, ids)):
+            np.testing.assert_array_equal(got, want)
 
     a.clear()  # after a clear the others reload
     assert b.retrieve("dogs", policy="collapsed") == [] and len(b) == 0

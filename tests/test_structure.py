@@ -13,7 +13,7 @@ from shared_core.tree import NodeStore
 from tests.test_durable import KINDS, HashEmbedder, make_memory, message_text
 
 
-def _naive(store: NodeStore, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def naive_structure(store: NodeStore, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     pos = {int(i): j for j, i in enumerate(ids.tolist())}
     parent, leaf, gap = [], [], []
     for i in ids.tolist():
@@ -29,7 +29,7 @@ def _check(arrays: NodeArrays, store: NodeStore, rng: np.random.Generator) -> No
     if len(ids):
         ids = ids[rng.permutation(len(ids))][: max(1, len(ids) - 1)]  # some order, a parent may be missing
     got = arrays.aligned(store, ids)
-    want = _naive(store, ids)
+    want = naive_structure(store, ids)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
@@ -106,13 +106,13 @@ def test_memory_structure_matches_its_nodes_after_adds_deletes_and_a_load(kind, 
         mem.delete(mem._store.leaf_at[i])
     mem.retrieve("garden", k=5)
     ids = mem._index.ids.copy()
-    for g, w in zip(mem._structure(ids), _naive(mem._store, ids)):
+    for g, w in zip(mem._structure(ids), naive_structure(mem._store, ids)):
         np.testing.assert_array_equal(g, w)
-    np.testing.assert_array_equal(mem._leaf_mask(ids), _naive(mem._store, ids)[1])
+    np.testing.assert_array_equal(mem._leaf_mask(ids), naive_structure(mem._store, ids)[1])
     mem.save(tmp_path / "m")
     loaded = type(mem).load(tmp_path / "m", embedder=HashEmbedder())
     ids = loaded._index.ids.copy()
-    for g, w in zip(loaded._structure(ids), _naive(loaded._store, ids)):
+    for g, w in zip(loaded._structure(ids), naive_structure(loaded._store, ids)):
         np.testing.assert_array_equal(g, w)
 
 

@@ -434,6 +434,8 @@ def apply_changes(
         if mem._index is None:
             mem._index = NodeIndex(int(meta["dim"]))
         mem._index.upsert(live, np.stack([vectors[i] for i in live]))
+    st.note_changes(gone_ids | changed)
+    mem._vectors_written(set(live) | drop)
     mem._set_state(state)
     mem._usage = usage
     if mem._lexical is not None:
