@@ -175,7 +175,6 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         self._tx_composed: dict[str, np.ndarray] = {}  # this transaction's composed annotation vectors
         self._state_snapshot: Any = None
         self._index_created = False  # the open transaction created the index
-        self._operator_cache: tuple[Any, Any] | None = None  # (key, propagation operator)
         self._arrays = NodeArrays()  # parent / level / leaf per node id, for vectorised ranking
         self._structure_cache: tuple[tuple[int, int], Any] | None = None
         self._max_tokens: int | None = None  # the budget of the retrieve under way

@@ -121,6 +121,66 @@ def propagate(W: sp.spmatrix | None, s0: np.ndarray, alpha: float, horizon: int)
     return total / norm
 
 
+def propagate_parents(
+    parent: np.ndarray,
+    s0: np.ndarray,
+    direction: str,
+    alpha: float,
+    horizon: int,
+    *,
+    normalize: bool = True,
+) -> np.ndarray:
+    """:func:`propagate` with :func:`propagation_matrix`'s operator applied from the parent array directly.
+
+    One step of ``W_P`` is a gather (``top_down``: every child takes its parent's mass, whole or
+    divided by the parent's number of children) or a scatter-add (``bottom_up``: every parent gathers its
+    children's mass), so no sparse matrix is built: O(n·H) with no construction cost, for trees that
+    change between queries.
+
+    Args:
+        parent: ``int`` ``(n,)``: position of each node's parent, ``-1`` for a root.
+        s0: initial distribution ``(n,)``. direction: ``"top_down"`` or ``"bottom_up"``.
+        alpha: decay in ``[0, 1)``. horizon: ``H >= 0``.
+        normalize: split a parent's mass among its children (``top_down``; the paper's operator).
+
+    Returns:
+        ``float64`` ``(n,)``, equal to ``propagate(propagation_matrix(parent, direction, normalize),
+        s0, alpha, horizon)``.
+
+    Raises:
+        InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
+        UnknownPolicyError: an unknown direction.
+
+    References:
+        SegTreeMem paper, Eq. (3)-(4); Appendix A, Algorithm 2, lines 6-13.
+    """
+    if direction not in DIRECTIONS:
+        raise UnknownPolicyError(f"direction must be one of {DIRECTIONS}, got {direction!r}.")
+    H = _check_decay(alpha, horizon)
+    parent = np.asarray(parent, dtype=np.int64)
+    s_prev = np.asarray(s0, dtype=np.float64)
+    total = s_prev.copy()
+    if H == 0:
+        return total
+    n = len(s_prev)
+    kid = np.nonzero(parent >= 0)[0]
+    P = parent[kid]
+    share = None
+    if direction == "top_down" and normalize:
+        share = 1.0 / np.maximum(np.bincount(P, minlength=n), 1)[P]
+    norm = 1.0
+    for k in range(1, H + 1):
+        if direction == "top_down":
+            nxt = np.zeros(n)
+            nxt[kid] = s_prev[P] if share is None else s_prev[P] * share
+        else:
+            nxt = np.bincount(P, weights=s_prev[kid], minlength=n)
+        s_prev = nxt
+        total += alpha**k * s_prev
+        norm += alpha**k
+    return total / norm
+
+
 def propagate_levelled(
     parent: np.ndarray,
     gap: np.ndarray,

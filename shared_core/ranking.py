@@ -136,7 +136,6 @@ class Ranking:
     _lex_dirty: set[int]
     _lex_removed: set[int]
     _query_usage: Usage
-    _operator_cache: tuple[Any, Any] | None
     _arrays: NodeArrays
     _structure_cache: tuple[tuple[int, int], Any] | None
     _max_tokens: int | None
@@ -235,7 +234,7 @@ class Ranking:
         the indexed nodes, where ``W`` moves a node's score to its children (``top_down``; whole with
         ``normalize=False``, split equally with ``True``) or to its parent (``bottom_up``). Nodes without
         text (e.g. MemTree's structural root) carry no score and are skipped: their children count as
-        roots. The operator is cached until the next change of the memory.
+        roots. Each step is a gather or a scatter-add over the parent positions (cached per tree version).
 
         Args:
             ids: indexed node ids ``int64 (n,)`` as :meth:`relevance` returns them.
@@ -254,21 +253,15 @@ class Ranking:
         References:
             SegTreeMem paper, Sec. 4.3.1, Eq. (3)-(4), Appendix A Algorithm 2.
         """
-        from .propagation import propagate, propagation_matrix
+        from .propagation import propagate_parents
 
         r = np.asarray(r, dtype=np.float64)
         total = float(r.sum())
         s0 = r / total if total > 0 else np.full(len(r), 1.0 / max(len(r), 1))
         if horizon == 0 or len(ids) == 0:
-            return propagate(None, s0, alpha, 0)
-        key = (self._version, len(ids), direction, normalize)
-        cached = self._operator_cache
-        if cached is not None and cached[0] == key:
-            W = cached[1]
-        else:
-            W = propagation_matrix(self._structure(ids)[0], direction, normalize=normalize)
-            self._operator_cache = (key, W)
-        return propagate(W, s0, alpha, horizon)
+            return propagate_parents(np.full(len(r), -1), s0, direction, alpha, 0)
+        parent = self._structure(ids)[0]
+        return propagate_parents(parent, s0, direction, alpha, horizon, normalize=normalize)
 
     def _path(self, nid: int) -> list[int]:
         """Ids of the node's ancestors that carry text, from the top down (its path in the tree)."""

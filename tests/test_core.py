@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core.index import NodeIndex, normalize_rows
-from shared_core.propagation import propagate, propagate_levelled, propagation_matrix
+from shared_core.propagation import propagate, propagate_levelled, propagate_parents, propagation_matrix
 from shared_core.tree import ChildTexts, Node, NodeStore, TreeInvariantError
 from shared_core.types import (
     EmbeddingError,
@@ -385,6 +385,34 @@ def _parents(draw) -> np.ndarray:
     n = draw(st.integers(1, 30))
     parent = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
     return np.asarray(parent, dtype=np.int64)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    parent=_parents(),
+    direction=st.sampled_from(["top_down", "bottom_up"]),
+    normalize=st.booleans(),
+    alpha=st.sampled_from([0.0, 0.1, 0.5, 0.9]),
+    horizon=st.integers(0, 4),
+    seed=st.integers(0, 9),
+)
+def test_propagate_parents_equals_the_sparse_operator(parent, direction, normalize, alpha, horizon, seed):
+    # the gather / scatter-add steps give Eq. (3)-(4) exactly as the matrix W_P does, also on forests
+    # (a node whose parent is not among the nodes counts as a root)
+    r = np.random.default_rng(seed).random(len(parent))
+    if seed % 3 == 0 and len(parent) > 2:
+        parent = parent.copy()
+        parent[len(parent) // 2] = -1
+    s0 = r / r.sum()
+    W = propagation_matrix(parent, direction, normalize=normalize)
+    np.testing.assert_allclose(
+        propagate_parents(parent, s0, direction, alpha, horizon, normalize=normalize),
+        propagate(W, s0, alpha, horizon),
+        rtol=1e-12,
+        atol=1e-15,
+    )
+    with pytest.raises(UnknownPolicyError):
+        propagate_parents(parent, s0, "sideways", alpha, horizon)
 
 
 @settings(max_examples=60, deadline=None)
