@@ -44,6 +44,7 @@ from shared_core.xmemory import (
     central_facts,
     extract_facts_rule,
     greedy_representatives,
+    has_fact_sentence,
     mean_nll,
     parse_timestamp,
     partition_objective,
@@ -436,6 +437,65 @@ def test_top_down_stands_a_fact_in_for_a_message_the_budget_cannot_hold():
     assert hits[0].metadata["stands_for"] == mem._store.by_source["long"][0]
     leaves = mem.retrieve(q, k=1, max_tokens=fact_tokens + 5, admissible="leaves")
     assert [h.source_ids for h in leaves] == [["a3"]]  # messages only: the next one that fits
+
+
+def test_has_fact_sentence_is_the_fact_rule_before_its_cap():
+    assert has_fact_sentence("I keep bees in the garden.")
+    assert has_fact_sentence("ok. The meeting moved to March 3.")  # one qualifying sentence is enough
+    assert not has_fact_sentence("ok")
+    assert not has_fact_sentence("Do you keep bees in the garden?")  # a question
+    assert not has_fact_sentence("Thanks so much!")
+    assert not has_fact_sentence("")
+
+
+def _capped_memory(**kw) -> XMemory:
+    """Two closed episodes (max_facts=1): the bee message is cut by its episode's cap, the other
+    bee message keeps its fact; the chatter has no sentence the fact rule accepts."""
+    mem = XMemory(embedder=BowEmbedder(), max_episode_messages=2, max_facts=1, drift_threshold=-1.0, **kw)
+    mem.add(
+        [
+            Message("I met Anna in Paris in 2023.", id="paris"),  # 3 signals: wins the cap
+            Message("I keep bees in the garden for honey.", id="cut"),  # 1 signal: cut by the cap
+            Message("I keep bees in the garden.", id="kept"),
+            Message("ok", id="chat"),
+        ]
+    )
+    mem.flush()
+    return mem
+
+
+def test_top_down_budget_credits_a_message_cut_by_the_fact_cap():
+    mem = _capped_memory()
+    st = mem._store
+    cut, kept, chat = (st.by_source[s][0] for s in ("cut", "kept", "chat"))
+    distilled = {m for s in levels(mem, 2) for m in mem._fact_messages(s)}
+    assert cut not in distilled and kept in distilled and chat not in distilled
+    q = "bees garden honey"
+    ids, r = mem.relevance(q)
+    rel = dict(zip(ids.tolist(), r.tolist()))
+    wf = mem.fact_weight
+
+    def scores(**kw):
+        return {h.node_id: h.score for h in mem.retrieve(q, k=4, admissible="leaves", **kw)}
+
+    free, budget = scores(), scores(max_tokens=1000)
+    # without a budget the cut message has no fact term; under one it counts its own relevance
+    assert free[cut] == pytest.approx(rel[cut])
+    assert budget[cut] == pytest.approx((1 + wf) * rel[cut])
+    assert budget[chat] == pytest.approx(rel[chat])  # no sentence the rule accepts: unchanged
+    assert budget[kept] == pytest.approx(free[kept]) and budget[kept] > rel[kept]  # its own fact
+    assert scores(max_tokens=1000, fact_fallback="never")[cut] == pytest.approx(rel[cut])
+    assert scores(fact_fallback="always")[cut] == pytest.approx((1 + wf) * rel[cut])
+    # the worked case: the cut message matches every query term; without a budget the message that
+    # kept its fact ranks first (1.03 against 1.0); a budget that holds one message spends it on the
+    # cut message (1.6 against 1.03)
+    assert free[kept] > free[cut] and budget[cut] > budget[kept]
+    one = count_tokens(st.nodes[cut].text)
+    assert [h.node_id for h in mem.retrieve(q, k=1, max_tokens=one)] == [cut]
+    assert [h.node_id for h in mem.retrieve(q, k=1, max_tokens=one, fact_fallback="never")] == [kept]
+    assert [h.node_id for h in mem.retrieve(q, k=1)] == [kept]
+    never = _capped_memory(fact_fallback="never")
+    assert [h.source_ids for h in never.retrieve(q, k=1, max_tokens=one)] == [["kept"]]
 
 
 @pytest.mark.parametrize("policy", XMemory.policies)
@@ -898,6 +958,7 @@ def test_constructor_and_retrieval_errors():
         ({"relevance": "sparse"}, "'dense', 'bm25', 'hybrid'"),
         ({"admissible": "some"}, "'all', 'leaves'"),
         ({"policy": "bfs"}, "'top_down', 'adaptive', 'representative', 'collapsed'"),
+        ({"fact_fallback": "sometimes"}, "'budget', 'always', 'never'"),
     ):
         with pytest.raises(UnknownPolicyError, match=choices):
             XMemory(embedder=emb, **bad)
@@ -926,6 +987,8 @@ def test_constructor_and_retrieval_errors():
         mem.retrieve("bees", relevance="sparse")
     with pytest.raises(UnknownPolicyError, match="'all', 'leaves'"):
         mem.retrieve("bees", admissible="some")
+    with pytest.raises(UnknownPolicyError, match="'budget', 'always', 'never'"):
+        mem.retrieve("bees", fact_fallback="sometimes")
     with pytest.raises(InvalidInputError):
         mem.retrieve("bees", horizon=2)
     with pytest.raises(InvalidInputError):

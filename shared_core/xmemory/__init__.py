@@ -47,6 +47,7 @@ from .retrieval import greedy_representatives, mean_nll
 from .rules import (
     central_facts,
     extract_facts_rule,
+    has_fact_sentence,
     parse_timestamp,
     query_terms,
     render_messages,
@@ -63,6 +64,7 @@ __all__ = [
     "central_facts",
     "extract_facts_rule",
     "greedy_representatives",
+    "has_fact_sentence",
     "mean_nll",
     "nearest_theme_similarities",
     "parse_timestamp",

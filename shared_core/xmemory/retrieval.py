@@ -19,12 +19,16 @@ from ..base import ADMISSIBLE, RELEVANCE_KINDS, check_choice, check_weight
 from ..prompts import xmemory as P
 from ..types import Hit, InvalidInputError, check_finite
 from .construction import EPISODE, SEMANTIC, _pos_int, _XMemoryConstruction
-from .rules import query_terms
+from .rules import has_fact_sentence, query_terms
 
 __all__ = ["greedy_representatives", "mean_nll"]
 
 #: ``retrieve(k=None)`` for ``adaptive`` / ``representative``: no count cap, the selection decides
 UNCAPPED = 1_000_000
+
+#: ``fact_fallback`` choices: when a message without a semantic, whose text holds a sentence the fact
+#: rule accepts, takes its own relevance as its ``top_down`` fact term
+FACT_FALLBACKS = ("budget", "always", "never")
 
 
 def _coverage(x: Any, name: str) -> float:
@@ -54,6 +58,7 @@ RETRIEVAL_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "admissible": lambda v, n: check_choice(v, ADMISSIBLE, n),
     "episode_weight": _nonnegative,
     "fact_weight": _nonnegative,
+    "fact_fallback": lambda v, n: check_choice(v, FACT_FALLBACKS, n),
     "alpha": check_weight,
     "coverage": _coverage,
     "semantic_pool": _pos_int,
@@ -220,7 +225,8 @@ class _XMemoryRetrieval(_XMemoryConstruction):
                 memory's ``policy``.
             max_tokens: optional budget of returned text in tokens; hits that would exceed it are skipped.
             **params: per-call overrides of the retrieval options of the class (``relevance``,
-                ``hybrid_weight``, ``admissible``, ``episode_weight``, ``fact_weight``, ``alpha``,
+                ``hybrid_weight``, ``admissible``, ``episode_weight``, ``fact_weight``,
+                ``fact_fallback``, ``alpha``,
                 ``coverage``, ``semantic_pool``, ``theme_budget``, ``semantic_budget``, ``episode_pool``,
                 ``episode_budget``, ``support_weight``, ``tolerance``, ``expand_gain``,
                 ``strict_probes``, ``patience``, ``expand_messages``).
@@ -322,8 +328,13 @@ class _XMemoryRetrieval(_XMemoryConstruction):
     def _evidence_scores(self, rel: _Relevance, p: dict[str, Any]) -> tuple[np.ndarray, dict[int, int]]:
         """``top_down`` scores of every indexed node: a message's own relevance plus what flows down to it.
 
-        ``score(m) = R(m) + fact_weight * max_{s from m} R(s) + episode_weight * R(episode of m)``, where
-        ``s`` runs over the semantics distilled from ``m``; other nodes keep their own relevance.
+        ``score(m) = R(m) + fact_weight * F(m) + episode_weight * R(episode of m)`` with ``F(m) =
+        max_{s from m} R(s)`` over the semantics distilled from ``m``. A message with no semantic has
+        ``F(m) = 0``, except when ``fact_fallback`` applies to the retrieval (``"always"``, or
+        ``"budget"`` under a ``max_tokens`` budget) and its text holds a sentence the fact rule accepts
+        (:func:`~shared_core.xmemory.rules.has_fact_sentence`): such a message was not found
+        uninformative, only not distilled (its episode is still open, or the ``max_facts`` cap of its
+        episode kept other sentences), so ``F(m) = R(m)``. Other nodes keep their own relevance.
 
         Returns:
             ``(scores float64 (n,) aligned with rel.ids, {message id: its most relevant semantic})``.
@@ -333,9 +344,11 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         we, wf = p["episode_weight"], p["fact_weight"]
         fact = np.zeros(len(score))
         best: dict[int, int] = {}
+        leaves: list[tuple[int, int]] = []
         for j, nid in enumerate(rel.ids.tolist()):
             node = st.nodes[nid]
             if node.is_leaf:
+                leaves.append((j, nid))
                 if we and node.parent is not None:
                     score[j] += we * rel[node.parent]
             elif node.level == SEMANTIC:
@@ -344,7 +357,24 @@ class _XMemoryRetrieval(_XMemoryConstruction):
                     if jm is not None and (m not in best or rel.r[j] > fact[jm]):
                         fact[jm] = rel.r[j]
                         best[m] = nid
+        fallback = p["fact_fallback"]
+        if wf and (fallback == "always" or (fallback == "budget" and self._max_tokens is not None)):
+            for j, nid in leaves:
+                if nid not in best and self._fact_ready(nid):
+                    fact[j] = rel.r[j]
         return score + wf * fact, best
+
+    def _fact_ready(self, nid: int) -> bool:
+        """Whether message leaf ``nid`` has a sentence the fact rule accepts (cached by message text)."""
+        cache: dict[str, bool] | None = getattr(self, "_fact_ready_cache", None)
+        if cache is None:
+            cache = self._fact_ready_cache = {}
+        node = self._store.nodes[nid]
+        text = node.message.text if node.message is not None else node.text
+        hit = cache.get(text)
+        if hit is None:
+            hit = cache[text] = has_fact_sentence(text)
+        return hit
 
     # ------------------------------------------------------------------ Stage I (Eq. 4)
     def _stage_one(

@@ -20,6 +20,7 @@ from ..viz import parse_timestamp
 __all__ = [
     "central_facts",
     "extract_facts_rule",
+    "has_fact_sentence",
     "parse_timestamp",
     "query_terms",
     "render_messages",
@@ -134,6 +135,25 @@ def _fact_score(sentence: str) -> int:
     if low[0] in _GREETINGS and len(words) < 6 and not number:
         return 0
     return score
+
+
+def has_fact_sentence(text: str) -> bool:
+    """Whether the LLM-free fact rule accepts at least one sentence of ``text``.
+
+    The test :func:`extract_facts_rule` applies to each sentence (at least 4 words, not a question, a
+    first-person statement, named entity, number or time word, not a short greeting), before its
+    ``max_facts`` cap; ``False`` for an empty text.
+
+    Args:
+        text: a message text (without speaker or date).
+
+    Returns:
+        ``True`` when some sentence qualifies.
+
+    References:
+        xMemory App. C "semantic generation" (the rule is its LLM-free stand-in).
+    """
+    return any(_fact_score(sent) > 0 for sent in split_sentences(str(text)))
 
 
 def extract_facts_rule(messages: Sequence[Message], max_facts: int = 8) -> list[tuple[str, str, int]]:
