@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .base import ADMISSIBLE, HierarchicalMemory, TokenBudget, check_choice
+from .memtree_routes import RouteCache
 from .models.base import LLM, Embedder, Summarizer
 from .models.llm_summarizer import LLMSummarizer, render_children
 from .prompts import fence
@@ -49,22 +49,6 @@ _OPENAI_EMBED_KEYS = frozenset(
 _RETRIEVE_PARAMS = frozenset(
     {"threshold", "max_context", "alpha", "horizon", "relevance", "hybrid_weight", "admissible"}
 )
-
-
-_ROUTE_CACHE = 4096  # parents whose child matrices are kept (cleared when full)
-_VEC_LOG = 256  # commits remembered for catching a child matrix up; older ones are read anew
-
-
-@dataclass
-class _Route:
-    """A parent's children (in order), their rows and their indexed vectors as one matrix, as of commit
-    ``commit`` of the memory's index ``index``."""
-
-    children: list[int]
-    pos: dict[int, int]
-    mat: np.ndarray
-    commit: int
-    index: Any
 
 
 class MemTreeAggregator(LLMSummarizer):
@@ -190,7 +174,7 @@ def _embedder_from_config(ec: Any) -> Embedder:
     )
 
 
-class MemTree(HierarchicalMemory):
+class MemTree(RouteCache, HierarchicalMemory):
     """MemTree: a dynamic semantic tree of aggregated memories.
 
     The root is structural (text ``""``, never indexed or returned). Leaves hold the messages; every
@@ -377,10 +361,7 @@ class MemTree(HierarchicalMemory):
         self.threshold = _check_threshold(threshold)
         self.max_context = _positive_int(max_context, "max_context (characters)")
         self.max_workers = _positive_int(max_workers, "max_workers")
-        self._routes: dict[int, _Route] = {}  # parent id -> its children's vectors, for routing
-        self._vec_log: list[tuple[int, list[int]]] = []  # (commit number, ids whose vectors it wrote)
-        self._commits = 0
-        self._log_floor = 0  # the newest commit dropped from the log
+        self._init_routes()
         self._set_state({})
         super().__init__(
             embedder,
@@ -560,68 +541,6 @@ class MemTree(HierarchicalMemory):
     def _entries(self, nid: int) -> int:
         node = self._store.nodes[nid]
         return 1 if node.is_leaf else int(node.data.get("entries", 0))
-
-    def _child_vectors(self, parent: int, ids: list[int]) -> np.ndarray:
-        """Vectors of ``parent``'s children ``ids``, for routing.
-
-        Each routed-through parent keeps its children's indexed vectors as one contiguous matrix
-        (:class:`_Route`), read from the index once and then refreshed row by row as commits rewrite
-        those children's vectors (:meth:`_vectors_written`). Children changed in the open transaction
-        are read as :meth:`_vectors` reads them. Costs O(children changed) per step instead of a
-        gather of every child's vector from the index.
-        """
-        st = self._store
-        route = self._route(parent, ids)
-        if route is None:
-            return self._vectors(ids)
-        tx = st.changed, self._pending
-        if len(st.changed) + len(self._pending) <= len(ids):
-            moved = [i for i in dict.fromkeys((*st.changed, *self._pending)) if i in route.pos]
-        else:
-            moved = [i for i in ids if i in tx[0] or i in tx[1]]
-        if not moved:
-            return route.mat
-        mat = route.mat.copy()
-        mat[[route.pos[i] for i in moved]] = self._vectors(moved)
-        return mat
-
-    def _route(self, parent: int, ids: list[int]) -> _Route | None:
-        """The parent's cached child matrix, caught up with the commits since it was read, or ``None``
-        when it cannot be read from the index now (a child is new in the open transaction)."""
-        index = self._index
-        if index is None:
-            return None
-        route = self._routes.get(parent)
-        if route is not None and route.index is index and route.children == ids:
-            if route.commit == self._commits:
-                return route
-            rows = [
-                (route.pos[i], i)
-                for commit, written in self._vec_log
-                if commit > route.commit
-                for i in written
-                if i in route.pos
-            ]
-            # every commit since is in the log, and every rewritten child is still indexed
-            if self._log_floor <= route.commit and all(i in index for _, i in rows):
-                if rows:
-                    route.mat[[r for r, _ in rows]] = index.get([i for _, i in rows])
-                route.commit = self._commits
-                return route
-        if any(i not in index for i in ids):
-            return None
-        if len(self._routes) >= _ROUTE_CACHE:
-            self._routes.clear()
-        route = _Route(list(ids), {c: j for j, c in enumerate(ids)}, index.get(ids), self._commits, index)
-        self._routes[parent] = route
-        return route
-
-    def _vectors_written(self, ids: set[int]) -> None:
-        self._commits += 1
-        if ids:
-            self._vec_log.append((self._commits, list(ids)))
-            if len(self._vec_log) > _VEC_LOG:
-                self._log_floor = self._vec_log.pop(0)[0]
 
     def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
         st = self._store

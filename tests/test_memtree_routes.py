@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import shared_core.memtree as memtree_module
+import shared_core.memtree_routes as routes_module
 from shared_core import MemTree
 from shared_core.types import EmbeddingError, Message, Usage
 from tests.test_durable import HashEmbedder, message_text
@@ -55,7 +55,7 @@ OPS = st.lists(
 def test_cached_routes_build_the_tree_that_index_reads_build(ops, branching, log, monkeypatch_session):
     # adds of one or several messages, deletes (re-aggregation, expansions undone) and failed adds
     # (rolled back) in any order; a log of 1 forces re-reads of stale matrices
-    monkeypatch_session.setattr(memtree_module, "_VEC_LOG", log)
+    monkeypatch_session.setattr(routes_module, "_VEC_LOG", log)
     embs = [_FailingOnce(), _FailingOnce()]
     a = MemTree(embedder=embs[0], branching=branching, base_threshold=0.2)
     b = _NoRoutes(embedder=embs[1], branching=branching, base_threshold=0.2)

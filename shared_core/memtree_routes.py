@@ -1,0 +1,116 @@
+"""MemTree's routing cache: each parent's children's vectors as one matrix, kept in step with commits.
+
+An insertion descends from the root, comparing the new message with every child of the node it is at.
+Gathering those children's vectors from the index at every step costs O(children) row copies; the
+:class:`RouteCache` mixin keeps, per routed-through parent, a contiguous matrix of its children's
+indexed vectors, refreshed row by row from the vectors each commit writes (the
+:meth:`~shared_core.base.HierarchicalMemory._vectors_written` hook), so a step costs O(children changed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .index import NodeIndex
+    from .tree import NodeStore
+
+__all__ = ["RouteCache"]
+
+_ROUTE_CACHE = 4096  # parents whose child matrices are kept (cleared when full)
+_VEC_LOG = 256  # commits remembered for catching a child matrix up; older ones are read anew
+
+
+@dataclass
+class _Route:
+    """A parent's children (in order), their rows and their indexed vectors as one matrix, as of commit
+    ``commit`` of the memory's index ``index``."""
+
+    children: list[int]
+    pos: dict[int, int]
+    mat: np.ndarray
+    commit: int
+    index: Any
+
+
+class RouteCache:
+    """Mixin of :class:`~shared_core.memtree.MemTree`: cached child matrices for routing."""
+
+    _store: NodeStore
+    _index: NodeIndex | None
+    _pending: dict[int, tuple[str, np.ndarray]]
+
+    if TYPE_CHECKING:
+
+        def _vectors(self, nids: Any) -> np.ndarray: ...
+
+    def _init_routes(self) -> None:
+        self._routes: dict[int, _Route] = {}  # parent id -> its children's vectors, for routing
+        self._vec_log: list[tuple[int, list[int]]] = []  # (commit number, ids whose vectors it wrote)
+        self._commits = 0
+        self._log_floor = 0  # the newest commit dropped from the log
+
+    def _child_vectors(self, parent: int, ids: list[int]) -> np.ndarray:
+        """Vectors of ``parent``'s children ``ids``, for routing.
+
+        Each routed-through parent keeps its children's indexed vectors as one contiguous matrix
+        (:class:`_Route`), read from the index once and then refreshed row by row as commits rewrite
+        those children's vectors (:meth:`_vectors_written`). Children changed in the open transaction
+        are read as :meth:`_vectors` reads them. Costs O(children changed) per step instead of a
+        gather of every child's vector from the index.
+        """
+        st = self._store
+        route = self._route(parent, ids)
+        if route is None:
+            return self._vectors(ids)
+        tx = st.changed, self._pending
+        if len(st.changed) + len(self._pending) <= len(ids):
+            moved = [i for i in dict.fromkeys((*st.changed, *self._pending)) if i in route.pos]
+        else:
+            moved = [i for i in ids if i in tx[0] or i in tx[1]]
+        if not moved:
+            return route.mat
+        mat = route.mat.copy()
+        mat[[route.pos[i] for i in moved]] = self._vectors(moved)
+        return mat
+
+    def _route(self, parent: int, ids: list[int]) -> _Route | None:
+        """The parent's cached child matrix, caught up with the commits since it was read, or ``None``
+        when it cannot be read from the index now (a child is new in the open transaction)."""
+        index = self._index
+        if index is None:
+            return None
+        route = self._routes.get(parent)
+        if route is not None and route.index is index and route.children == ids:
+            if route.commit == self._commits:
+                return route
+            rows = [
+                (route.pos[i], i)
+                for commit, written in self._vec_log
+                if commit > route.commit
+                for i in written
+                if i in route.pos
+            ]
+            # every commit since is in the log, and every rewritten child is still indexed
+            if self._log_floor <= route.commit and all(i in index for _, i in rows):
+                if rows:
+                    route.mat[[r for r, _ in rows]] = index.get([i for _, i in rows])
+                route.commit = self._commits
+                return route
+        if any(i not in index for i in ids):
+            return None
+        if len(self._routes) >= _ROUTE_CACHE:
+            self._routes.clear()
+        route = _Route(list(ids), {c: j for j, c in enumerate(ids)}, index.get(ids), self._commits, index)
+        self._routes[parent] = route
+        return route
+
+    def _vectors_written(self, ids: set[int]) -> None:
+        self._commits += 1
+        if ids:
+            self._vec_log.append((self._commits, list(ids)))
+            if len(self._vec_log) > _VEC_LOG:
+                self._log_floor = self._vec_log.pop(0)[0]
