@@ -32,6 +32,7 @@ _EMPTY_SCORES = np.zeros(0, dtype=np.float32)
 K1 = 1.5
 B = 0.75
 _MIN_CAP = 4
+_DENSE_IDS = 1 << 20  # ids below this (or 4x the texts) also get an array slot for scores_for
 _COMPACT_FLOOR = 4096  # dead postings tolerated before a compaction whatever the live count
 
 
@@ -225,7 +226,7 @@ class LexicalIndex:
             self._slot_id[slot] = i
             self._slot_gen[slot] = 0
             self._slot_of[i] = slot
-            if i >= 0:
+            if 0 <= i < max(_DENSE_IDS, 4 * self._n_slots):  # sparse or huge ids stay in the dict only
                 self._slot_by_id = _grow(self._slot_by_id, i + 1, fill=-1)
                 self._slot_by_id[i] = slot
         else:
@@ -343,7 +344,7 @@ class LexicalIndex:
             inside = (ids >= 0) & (ids < len(m))
             slots = np.full(len(ids), -1, dtype=np.int64)
             slots[inside] = m[ids[inside]]
-            for j in np.flatnonzero(~inside).tolist():  # negative or unseen large ids
+            for j in np.flatnonzero(slots < 0).tolist():  # ids kept only in the dict, or not stored
                 slots[j] = self._slot_of.get(int(ids[j]), -1)
             ok = slots >= 0
             out[ok] = s[slots[ok]]

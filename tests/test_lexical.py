@@ -241,3 +241,14 @@ def test_in_place_updates_equal_a_bm25s_model_built_from_scratch(ops, queries):
             aligned = idx.scores_for(" ".join(q), arr)
             assert aligned[-2:].tolist() == [0.0, 0.0]
             np.testing.assert_allclose(aligned[:-2], [got[k] for k in live], rtol=1e-6)
+
+
+def test_huge_and_negative_ids_align_without_a_dense_map():
+    # ids far apart (e.g. hashes) are kept in the dict only: no array of size max(id)
+    idx = LexicalIndex()
+    idx.upsert([10**12, 5, -7], ["dogs bark loudly", "cats sleep", "dogs run"])
+    assert len(idx._slot_by_id) < 100
+    s = _score_of(idx, "dogs")
+    got = idx.scores_for("dogs", np.array([5, 10**12, -7, 3], dtype=np.int64))
+    assert got.tolist() == pytest.approx([0.0, s[10**12], s[-7], 0.0])
+    assert s[10**12] > 0 and s[-7] > s[10**12]  # the shorter text with the same term scores higher
