@@ -341,9 +341,12 @@ class LexicalIndex:
                 return out
             s = self._slot_scores(query)
             m = self._slot_by_id
-            inside = (ids >= 0) & (ids < len(m))
-            slots = np.full(len(ids), -1, dtype=np.int64)
-            slots[inside] = m[ids[inside]]
+            if int(ids.min()) >= 0 and int(ids.max()) < len(m):
+                slots = m[ids]
+            else:
+                inside = (ids >= 0) & (ids < len(m))
+                slots = np.full(len(ids), -1, dtype=np.int64)
+                slots[inside] = m[ids[inside]]
             for j in np.flatnonzero(slots < 0).tolist():  # ids kept only in the dict, or not stored
                 slots[j] = self._slot_of.get(int(ids[j]), -1)
             ok = slots >= 0
