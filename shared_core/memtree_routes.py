@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["RouteCache"]
 
 _ROUTE_CACHE = 4096  # parents whose child matrices are kept (cleared when full)
+_PATCH_MAX = 8  # changed child positions patched in place; more: the matrix is read anew
 _VEC_LOG = 256  # commits remembered for catching a child matrix up; older ones are read anew
 
 
@@ -84,16 +85,16 @@ class RouteCache:
         if index is None:
             return None
         route = self._routes.get(parent)
+        if route is not None and route.index is index and route.children != ids:
+            self._patch_children(route, ids, index)
         if route is not None and route.index is index and route.children == ids:
             if route.commit == self._commits:
                 return route
-            rows = [
-                (route.pos[i], i)
-                for commit, written in self._vec_log
-                if commit > route.commit
-                for i in written
-                if i in route.pos
-            ]
+            rows: list[tuple[int, int]] = []
+            for commit, written in reversed(self._vec_log):  # newest first, back to the route's commit
+                if commit <= route.commit:
+                    break
+                rows.extend((route.pos[i], i) for i in written if i in route.pos)
             # every commit since is in the log, and every rewritten child is still indexed
             if self._log_floor <= route.commit and all(i in index for _, i in rows):
                 if rows:
@@ -107,6 +108,27 @@ class RouteCache:
         route = _Route(list(ids), {c: j for j, c in enumerate(ids)}, index.get(ids), self._commits, index)
         self._routes[parent] = route
         return route
+
+    @staticmethod
+    def _patch_children(route: _Route, ids: list[int], index: NodeIndex) -> None:
+        """Bring a route's child list to ``ids`` in place when few positions changed (an attach appends a
+        child, an expansion replaces one); otherwise leave it to be read anew."""
+        old = route.children
+        if len(ids) < len(old):
+            return
+        changed = [j for j in range(len(old)) if old[j] != ids[j]] + list(range(len(old), len(ids)))
+        if len(changed) > _PATCH_MAX or not all(ids[j] in index for j in changed):
+            return
+        if len(ids) > len(old):
+            grown = np.empty((len(ids), route.mat.shape[1]), dtype=route.mat.dtype)
+            grown[: len(old)] = route.mat
+            route.mat = grown
+        route.mat[changed] = index.get([ids[j] for j in changed])
+        for j in changed:
+            if j < len(old) and route.pos.get(old[j]) == j:
+                del route.pos[old[j]]
+        route.pos.update({ids[j]: j for j in changed})
+        route.children = list(ids)
 
     def _vectors_written(self, ids: set[int]) -> None:
         self._commits += 1
