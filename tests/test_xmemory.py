@@ -319,6 +319,58 @@ def test_knn_graph_incremental_equals_rebuild(n, k, ops, seed):
         for j, w in ref.rows[i].items():
             assert g.rows[i][j] == pytest.approx(w)
 
+    # the bookkeeping behind the incremental update: who lists whom, and each row's smallest
+    for i in ids:
+        assert all(i in g._rev[u] for u in g.rows[i])
+        full = len(g.rows[i]) >= k
+        assert g._low[i] == (min(g.rows[i].values()) if full else -np.inf)
+    assert all(j in g.rows and u in g.rows[j] for u, js in g._rev.items() for j in js)
+
+
+def _evidence_by_loop(mem: XMemory, rel, p: dict) -> tuple[np.ndarray, dict[int, int]]:
+    """``top_down`` evidence scores as a plain loop over the nodes (the definition)."""
+    st = mem._store
+    pos = {int(i): j for j, i in enumerate(rel.ids.tolist())}
+    score = rel.r.copy()
+    fact = np.zeros(len(score))
+    best: dict[int, int] = {}
+    for j, nid in enumerate(rel.ids.tolist()):
+        node = st.nodes[nid]
+        if node.is_leaf and node.parent is not None:
+            score[j] += p["episode_weight"] * rel[node.parent]
+        elif node.level == 2 and not node.is_leaf:
+            for m in mem._fact_messages(nid):
+                jm = pos.get(m)
+                if jm is not None and (m not in best or rel.r[j] > fact[jm]):
+                    fact[jm], best[m] = rel.r[j], nid
+    return score + p["fact_weight"] * fact, best
+
+
+def test_vectorised_evidence_scores_equal_the_loop():
+    from shared_core.xmemory.retrieval import _Relevance
+
+    words = ["bees", "honey", "chess", "cup", "garden", "market", "hives", "sunday"]
+    rng = np.random.default_rng(3)
+    msgs = [
+        f"I {rng.choice(['keep', 'sold', 'won', 'saw'])} the {rng.choice(words)} and the {rng.choice(words)}."
+        for _ in range(120)
+    ]
+    mem = XMemory(embedder=BowEmbedder(), dedup_threshold=0.85, max_episode_messages=5)
+    for i in range(0, 120, 7):
+        mem.add(msgs[i : i + 7])
+        leaves = sorted(j for j, n in mem._store.nodes.items() if n.is_leaf)
+        if i % 21 == 0 and leaves:
+            mem.delete(leaves[len(leaves) // 2])
+        for q in ("bees honey", "chess cup sunday"):
+            rel = _Relevance(*mem.relevance(q))
+            p = mem._params({"episode_weight": 0.3})
+            scores, best = mem._evidence_scores(rel, p)
+            ref_scores, ref_best = _evidence_by_loop(mem, rel, p)
+            assert np.array_equal(scores, ref_scores)
+            got = {int(rel.ids[j]): int(rel.ids[b]) for j, b in enumerate(best.tolist()) if b >= 0}
+            assert got == ref_best
+    assert mem.stats()["semantics"] > 10 and mem._counts.get("semantic_merges", 0) > 0
+
 
 # --------------------------------------------------------------------------- guided split and merge
 

@@ -7,7 +7,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +19,7 @@ from ..index import normalize_rows
 from ..models.parsing import complete_parsed, parse_json_object
 from ..prompts import xmemory as P
 from ..types import AddReport, InvalidInputError, Message, MessageLike, Usage, as_messages, check_finite
+from .derived import _Derived
 from .knn import KNNGraph
 from .objective import _objective_from_stats, candidate_splits, theme_cohesion
 from .rules import central_facts, extract_facts_rule, parse_timestamp, render_messages
@@ -30,34 +30,6 @@ __all__ = ["LEVEL_NAMES"]
 LEVEL_NAMES: dict[int, str] = {0: "message", 1: "episode", 2: "semantic", 3: "theme", 4: "root"}
 MESSAGE, EPISODE, SEMANTIC, THEME, ROOT = 0, 1, 2, 3, 4
 BOUNDARY_MODES = ("auto", "llm", "rule")
-
-
-# =========================================================================== derived structures
-@dataclasses.dataclass
-class _Derived:
-    """Structures derived from the node store and vectors; rebuilt after a rollback or a load."""
-
-    sem_ids: list[int]
-    sem_vec: dict[int, np.ndarray]
-    theme_stats: dict[int, tuple[int, float, np.ndarray]]  # size, cohesion, centroid (mean of unit rows)
-    sem_graph: KNNGraph
-    theme_graph: KNNGraph
-    _mat: np.ndarray | None = None
-
-    def sem_matrix(self) -> np.ndarray:
-        # sem_ids only grows while a cache lives (a deletion drops the cache), so the length tells
-        # whether the stacked matrix is current
-        if not self.sem_ids:
-            return np.zeros((0, 1), dtype=np.float32)
-        if self._mat is None or len(self._mat) != len(self.sem_ids):
-            self._mat = np.stack([self.sem_vec[i] for i in self.sem_ids])
-        return self._mat
-
-    def theme_matrix(self) -> tuple[list[int], np.ndarray]:
-        ids = sorted(self.theme_stats)
-        if not ids:
-            return ids, np.zeros((0, 1))
-        return ids, normalize_rows(np.stack([self.theme_stats[t][2] for t in ids]).astype(np.float32))
 
 
 class _XMemoryConstruction(HierarchicalMemory):
@@ -122,7 +94,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             if members:
                 d.theme_stats[t] = self._stats_of(d, members)
         if sem_ids:
-            d.sem_graph.rebuild(sem_ids, d.sem_matrix())
+            d.sem_graph.rebuild(sem_ids, d.sem_matrix64())
         tids, tmat = d.theme_matrix()
         if tids:
             d.theme_graph.rebuild(tids, tmat)
@@ -196,7 +168,13 @@ class _XMemoryConstruction(HierarchicalMemory):
         st.add_child(ep, leaf.id)
         st.refresh_span(ep)
         st.set_text(ep, render_messages(self._messages(ep)))
-        st.refresh_span(root)
+        if len(st.nodes[root].children) > 1:
+            # only the open episode grew since the root's span was last refreshed (spans only grow
+            # while adding): merge its span in instead of reading every child of the root
+            (a, b), (ea, eb) = st.nodes[root].span, st.nodes[ep].span
+            st.set_span(root, (min(a, ea), max(b, eb)))
+        else:
+            st.refresh_span(root)
         detail["episode"] = ep
         return detail
 
@@ -371,6 +349,7 @@ class _XMemoryConstruction(HierarchicalMemory):
                 if "messages" in st.nodes[target].data:
                     known = self._links(target, "messages")
                     st.set_data(target, "messages", [*known, *(m for m in sources if m not in known)])
+                    self._fact_dirty.add(target)
                 merged += 1
                 self._count("semantic_merges")
                 if target not in linked:
@@ -387,7 +366,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             linked.append(node.id)
             self._count("semantics_created")
         if created:
-            d.sem_graph.upsert(d.sem_ids, d.sem_matrix(), created)
+            d.sem_graph.upsert(d.sem_ids, d.sem_matrix64(), created)
         return linked, created, merged
 
     def _attach_to_theme(self, sid: int, d: _Derived) -> int:
@@ -482,10 +461,13 @@ class _XMemoryConstruction(HierarchicalMemory):
         tids, tmat = d.theme_matrix()
         if len(tids) < 2:
             return None
-        me = tids.index(t)
+        me = d._tpos[t]
         sims = tmat @ tmat[me]
         sims[me] = -np.inf
-        order = [int(j) for j in np.argsort(-sims, kind="stable")[: self.merge_candidates]]
+        neg, m = -sims, self.merge_candidates
+        # the m most similar, ties by position: a stable sort of those at least the m-th best
+        head = np.nonzero(neg <= np.partition(neg, m - 1)[m - 1])[0] if len(neg) > m else np.arange(len(neg))
+        order = [int(j) for j in head[np.argsort(neg[head], kind="stable")][:m]]
         n_t = len(st.nodes[t].children)
         best, best_f = None, -math.inf
         for j in order:
@@ -621,6 +603,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             if "messages" in st.nodes[s].data:  # a fact lives as long as a message it comes from
                 sources = [m for m in self._links(s, "messages") if m in st.nodes]
                 st.set_data(s, "messages", sources)
+                self._fact_dirty.add(s)
                 holders = {st.nodes[m].parent for m in sources}
                 kept = [e for e in self._links(s, "episodes") if e in holders]
                 for e in self._links(s, "episodes"):

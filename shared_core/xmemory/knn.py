@@ -37,17 +37,46 @@ class KNNGraph:
             raise InvalidInputError("k must be a positive integer.")
         self.k = int(k)
         self.rows: dict[int, dict[int, float]] = {}
+        self._rev: dict[int, set[int]] = {}  # node id -> the rows that list it
+        self._low = np.full(0, np.inf)  # by node id: a full row's smallest, -inf for a short row, inf: none
 
     def neighbors(self, nid: int) -> dict[int, float]:
         """Neighbour id -> similarity of ``nid`` (empty when unknown)."""
         return self.rows.get(nid, {})
 
-    def _row(self, j: int, ids: Sequence[int], sims: np.ndarray) -> dict[int, float]:
-        ids_arr = np.asarray(ids, dtype=np.int64)
+    def _row(self, j: int, ids_arr: np.ndarray, sims: np.ndarray) -> dict[int, float]:
         mask = ids_arr != j
         cand_ids, cand = ids_arr[mask], sims[mask]
+        if len(cand) > self.k:  # only values at least the k-th largest can be in the row (ties kept whole)
+            keep = cand >= np.partition(cand, len(cand) - self.k)[len(cand) - self.k]
+            cand_ids, cand = cand_ids[keep], cand[keep]
         order = np.lexsort((cand_ids, -cand))[: self.k]
         return {int(cand_ids[o]): float(cand[o]) for o in order}
+
+    def _note_low(self, j: int) -> None:
+        if j >= len(self._low):
+            low = np.full(max(j + 1, 2 * len(self._low), 64), np.inf)
+            low[: len(self._low)] = self._low
+            self._low = low
+        row = self.rows.get(j)
+        if row is None:
+            self._low[j] = np.inf
+        else:
+            self._low[j] = min(row.values()) if len(row) >= self.k else -np.inf
+
+    def _set(self, j: int, row: dict[int, float]) -> None:
+        old = self.rows.get(j)
+        for u in old or ():
+            self._rev.get(u, set()).discard(j)
+        self.rows[j] = row
+        for u in row:
+            self._rev.setdefault(u, set()).add(j)
+        self._note_low(j)
+
+    def _drop(self, j: int) -> None:
+        for u in self.rows.pop(j, None) or ():
+            self._rev.get(u, set()).discard(j)
+        self._note_low(j)
 
     def rebuild(self, ids: Sequence[int], mat: np.ndarray) -> None:
         """Recompute every row from scratch.
@@ -57,12 +86,13 @@ class KNNGraph:
             mat: their unit vectors, float ``(N, d)``.
         """
         ids = list(ids)
-        self.rows = {}
+        self.rows, self._rev, self._low = {}, {}, np.full(0, np.inf)
         if not ids:
             return
         S = np.asarray(mat, dtype=np.float64) @ np.asarray(mat, dtype=np.float64).T
+        ids_arr = np.asarray(ids, dtype=np.int64)
         for r, j in enumerate(ids):
-            self.rows[j] = self._row(j, ids, S[r])
+            self._set(j, self._row(j, ids_arr, S[r]))
 
     def upsert(self, ids: Sequence[int], mat: np.ndarray, changed: Iterable[int]) -> None:
         """Add new nodes or update nodes whose vectors changed.
@@ -80,23 +110,31 @@ class KNNGraph:
         M = np.asarray(mat, dtype=np.float64)
         chset = set(ch)
         cross = M @ M[[pos[c] for c in ch]].T  # (N, |ch|)
-        redo = set(ch)
-        for j, row in self.rows.items():
-            if j in chset or j not in pos:
-                continue
-            if chset.intersection(row):
-                redo.add(j)
-                continue
-            r = pos[j]
+        # rows that list a changed node are recomputed
+        redo = chset | {j for c in ch for j in self._rev.get(c, ()) if j in pos}
+        # another row can only gain a changed node whose similarity reaches its smallest (which only
+        # grows as nodes enter); rows with fewer than k neighbours take every changed node
+        ids_arr = np.asarray(ids, dtype=np.int64)
+        low = np.full(len(ids), np.inf)
+        known = ids_arr < len(self._low)
+        low[known] = self._low[ids_arr[known]]
+        low[[pos[j] for j in redo]] = np.inf
+        for r in np.nonzero(cross.max(axis=1) >= low)[0].tolist():
+            j = ids[r]
+            row = self.rows[j]
             for ci, c in enumerate(ch):
                 s = float(cross[r, ci])
                 if len(row) < self.k:
                     row[c] = s
+                    self._rev.setdefault(c, set()).add(j)
                     continue
                 worst = min(row.items(), key=lambda kv: (kv[1], -kv[0]))
                 if (s, -c) > (worst[1], -worst[0]):
                     del row[worst[0]]
+                    self._rev.get(worst[0], set()).discard(j)
                     row[c] = s
+                    self._rev.setdefault(c, set()).add(j)
+            self._note_low(j)
         self._recompute(sorted(redo), ids, M, pos)
 
     def remove(self, removed: Iterable[int], ids: Sequence[int], mat: np.ndarray) -> None:
@@ -109,10 +147,10 @@ class KNNGraph:
         """
         gone = set(removed)
         for g in gone:
-            self.rows.pop(g, None)
+            self._drop(g)
         ids = list(ids)
         pos = {j: r for r, j in enumerate(ids)}
-        redo = [j for j, row in self.rows.items() if gone.intersection(row)]
+        redo = {j for g in gone for j in self._rev.pop(g, ())} - gone
         self._recompute(sorted(redo), ids, np.asarray(mat, dtype=np.float64), pos)
 
     def _recompute(self, which: list[int], ids: list[int], M: np.ndarray, pos: dict[int, int]) -> None:
@@ -120,5 +158,6 @@ class KNNGraph:
         if not which:
             return
         S = M[[pos[j] for j in which]] @ M.T
+        ids_arr = np.asarray(ids, dtype=np.int64)
         for r, j in enumerate(which):
-            self.rows[j] = self._row(j, ids, S[r])
+            self._set(j, self._row(j, ids_arr, S[r]))

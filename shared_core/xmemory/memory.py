@@ -354,6 +354,9 @@ class XMemory(_XMemoryRetrieval):
         self._open: int | None = None
         self._counts: dict[str, int] = {}
         self._cache: _Derived | None = None
+        #: retrieval's cached (semantic, message) pairs and the semantics whose ``messages`` changed since
+        self._fact_cache: dict[str, Any] | None = None
+        self._fact_dirty: set[int] = set()
         self._prefetch: list[str] | None = None
         self._custom_summarizer = summarizer is not None
         #: diagnostics of the last retrieval (policy, selected ids, Stage II probes)
@@ -421,6 +424,7 @@ class XMemory(_XMemoryRetrieval):
         self._open = None if op is None else int(op)
         self._counts = {str(k): int(v) for k, v in (state.get("counts") or {}).items()}
         self._cache = None
+        self._fact_cache = None
 
     def _initial_state(self) -> dict[str, Any]:
         return {"open": None, "counts": {}}

@@ -188,13 +188,24 @@ class _Relevance:
     """The relevance of every indexed node for one query (the base relevance layer), by node id."""
 
     def __init__(self, ids: np.ndarray, r: np.ndarray) -> None:
-        self.ids = ids
+        self.ids = np.asarray(ids, dtype=np.int64)
         self.r = np.asarray(r, dtype=np.float64)
-        self.pos = {int(i): j for j, i in enumerate(ids.tolist())}
+        #: node id -> its position in ``ids`` (``-1``: not indexed), for ids up to the largest indexed one
+        self.row = np.full(int(self.ids.max()) + 1 if len(self.ids) else 0, -1, dtype=np.int64)
+        self.row[self.ids] = np.arange(len(self.ids), dtype=np.int64)
+
+    def rows(self, nids: np.ndarray) -> np.ndarray:
+        """Positions in ``ids`` of the node ids ``nids`` (``-1`` for a node that is not indexed)."""
+        nids = np.asarray(nids, dtype=np.int64)
+        out = np.full(len(nids), -1, dtype=np.int64)
+        ok = (nids >= 0) & (nids < len(self.row))
+        out[ok] = self.row[nids[ok]]
+        return out
 
     def get(self, nid: int, default: float = 0.0) -> float:
-        j = self.pos.get(int(nid))
-        return default if j is None else float(self.r[j])
+        nid = int(nid)
+        j = int(self.row[nid]) if 0 <= nid < len(self.row) else -1
+        return default if j < 0 else float(self.r[j])
 
     def __getitem__(self, nid: int) -> float:
         return self.get(nid)
@@ -320,12 +331,13 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         out: list[tuple[int, float, dict[str, Any]]] = []
         for m, score, md in cands:
             out.append((m, score, md))
-            if m in best:
-                out.append((best[m], score, {**md, "stands_for": m}))
+            b = int(best[rel.row[m]])
+            if b >= 0:
+                out.append((int(rel.ids[b]), score, {**md, "stands_for": m}))
         # fewer messages than k: the other nodes by their own relevance make up the number
         return out + self._ranked(rel.ids, rel.r, k, {**meta, "stage": "fill"}, ~leaves)
 
-    def _evidence_scores(self, rel: _Relevance, p: dict[str, Any]) -> tuple[np.ndarray, dict[int, int]]:
+    def _evidence_scores(self, rel: _Relevance, p: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """``top_down`` scores of every indexed node: a message's own relevance plus what flows down to it.
 
         ``score(m) = R(m) + fact_weight * F(m) + episode_weight * R(episode of m)`` with ``F(m) =
@@ -335,34 +347,86 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         (:func:`~shared_core.xmemory.rules.has_fact_sentence`): such a message was not found
         uninformative, only not distilled (its episode is still open, or the ``max_facts`` cap of its
         episode kept other sentences), so ``F(m) = R(m)``. Other nodes keep their own relevance.
+        Vectorised over the (semantic, message) pairs of :meth:`_fact_pairs`.
 
         Returns:
-            ``(scores float64 (n,) aligned with rel.ids, {message id: its most relevant semantic})``.
+            ``(scores float64 (n,), best int64 (n,))`` aligned with rel.ids: ``best[j]`` is the position
+            of message j's most relevant semantic (the first in index order among equals), ``-1`` when
+            it has none.
         """
-        st = self._store
-        score = rel.r.copy()
+        r = rel.r
+        score = r.copy()
         we, wf = p["episode_weight"], p["fact_weight"]
+        leaves = self._leaf_mask(rel.ids)
+        if we:
+            parent = self._structure(rel.ids)[0]
+            lp = np.nonzero(leaves & (parent >= 0))[0]
+            score[lp] += we * r[parent[lp]]
         fact = np.zeros(len(score))
-        best: dict[int, int] = {}
-        leaves: list[tuple[int, int]] = []
-        for j, nid in enumerate(rel.ids.tolist()):
-            node = st.nodes[nid]
-            if node.is_leaf:
-                leaves.append((j, nid))
-                if we and node.parent is not None:
-                    score[j] += we * rel[node.parent]
-            elif node.level == SEMANTIC:
-                for m in self._fact_messages(nid):
-                    jm = rel.pos.get(m)
-                    if jm is not None and (m not in best or rel.r[j] > fact[jm]):
-                        fact[jm] = rel.r[j]
-                        best[m] = nid
+        best = np.full(len(score), -1, dtype=np.int64)
+        js, jm = self._fact_pairs(rel)
+        if len(js):
+            v = r[js]
+            order = np.lexsort((js, -v, jm))  # per message: the highest relevance, then the first row
+            jm_o = jm[order]
+            first = np.ones(len(order), dtype=bool)
+            first[1:] = jm_o[1:] != jm_o[:-1]
+            sel = order[first]
+            fact[jm[sel]] = v[sel]
+            best[jm[sel]] = js[sel]
         fallback = p["fact_fallback"]
         if wf and (fallback == "always" or (fallback == "budget" and self._max_tokens is not None)):
-            for j, nid in leaves:
-                if nid not in best and self._fact_ready(nid):
-                    fact[j] = rel.r[j]
+            for j in np.nonzero(leaves & (best < 0))[0].tolist():
+                if self._fact_ready(int(rel.ids[j])):
+                    fact[j] = r[j]
         return score + wf * fact, best
+
+    def _fact_pairs(self, rel: _Relevance) -> tuple[np.ndarray, np.ndarray]:
+        """``(semantic rows, message rows)`` in ``rel.ids`` of every indexed semantic and each indexed
+        message it was distilled from (:meth:`_fact_messages`), in no particular order.
+
+        Cached per tree version; the (semantic id, message id) pairs behind it are kept across versions.
+        A rebuild reads only the new semantics, those whose ``messages`` changed (noted in
+        ``_fact_dirty`` by construction and deletion) and those saved without that list (they depend
+        on their episodes); it drops the pairs of the semantics that are gone. The pairs are dropped
+        whole when the state is reset (a rollback, a load, another process's commits) or the store
+        object changes.
+        """
+        st = self._store
+        key = (self._version, len(rel.ids))
+        c = self._fact_cache
+        if c is not None and c["store"] is st and c["key"] == key:
+            return c["rows"]
+        empty = np.zeros(0, np.int64)
+        if c is None or c["store"] is not st:
+            c = {"sems": empty, "sem": empty, "msg": empty, "legacy": set()}
+        leaf = self._leaf_mask(rel.ids)
+        sems = rel.ids[(self._arrays.level[rel.ids] == SEMANTIC) & ~leaf]
+        old_sems = c["sems"]
+        fresh = sems[~np.isin(sems, old_sems)].tolist()
+        gone = old_sems[~np.isin(old_sems, sems)].tolist()
+        live = set(sems.tolist()) if self._fact_dirty or c["legacy"] else set()
+        redo = list(dict.fromkeys([*fresh, *sorted((self._fact_dirty | c["legacy"]) & live)]))
+        self._fact_dirty = set()
+        psem, pmsg = c["sem"], c["msg"]
+        if redo or gone:
+            keep = ~np.isin(psem, np.asarray([*gone, *redo], dtype=np.int64))
+            psem, pmsg = psem[keep], pmsg[keep]
+        legacy = set(c["legacy"]) - set(gone)
+        if redo:
+            nodes = st.nodes
+            pairs = []
+            for s in redo:
+                if "messages" not in nodes[s].data:
+                    legacy.add(s)
+                pairs.extend((s, m) for m in self._fact_messages(s))
+            add = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+            psem, pmsg = np.concatenate([psem, add[:, 0]]), np.concatenate([pmsg, add[:, 1]])
+        js, jm = rel.rows(psem), rel.rows(pmsg)
+        ok = (js >= 0) & (jm >= 0)
+        rows = (js[ok], jm[ok])
+        self._fact_cache = dict(store=st, key=key, sems=sems, sem=psem, msg=pmsg, legacy=legacy, rows=rows)
+        return rows
 
     def _fact_ready(self, nid: int) -> bool:
         """Whether message leaf ``nid`` has a sentence the fact rule accepts (cached by message text)."""

@@ -1,0 +1,128 @@
+"""Structures xMemory derives from its node store and vectors: the semantic ids and vectors, the
+themes' statistics, the two kNN graphs, and the stacked matrices the construction multiplies with.
+
+References:
+    xMemory Sec. 3.2 (themes, kNN graphs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ..index import normalize_rows
+from .knn import KNNGraph
+
+
+class _Themes(dict):  # type: ignore[type-arg]
+    """``theme_stats``: a dict that records which themes were set or removed since the last read."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.dirty: set[int] = set(self)
+        self.removed = True
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.dirty.add(key)
+
+    def __delitem__(self, key: int) -> None:
+        super().__delitem__(key)
+        self.removed = True
+
+    def pop(self, key: int, *default: Any) -> Any:
+        if key in self:
+            self.removed = True
+        return super().pop(key, *default)
+
+
+def _grown(buf: np.ndarray, n: int) -> np.ndarray:
+    """``buf`` with room for ``n`` rows (capacity doubled when it has to grow)."""
+    if n <= len(buf):
+        return buf
+    out = np.empty((max(n, 2 * len(buf), 64), buf.shape[1]), dtype=buf.dtype)
+    out[: len(buf)] = buf
+    return out
+
+
+@dataclasses.dataclass
+class _Derived:
+    """Structures derived from the node store and vectors; rebuilt after a rollback or a load.
+
+    The stacked semantic matrix (float32, and float64 for the kNN graph) grows in place as semantics
+    are added; the normalised theme centroid matrix is updated row by row as ``theme_stats`` changes
+    (rebuilt after a theme is removed or when a theme id comes before an existing one). The arrays they
+    return are views that later updates change: read them before the next change.
+    """
+
+    sem_ids: list[int]
+    sem_vec: dict[int, np.ndarray]
+    theme_stats: dict[int, tuple[int, float, np.ndarray]]  # size, cohesion, centroid (mean of unit rows)
+    sem_graph: KNNGraph
+    theme_graph: KNNGraph
+    _buf: np.ndarray | None = None
+    _buf64: np.ndarray | None = None
+    _n: int = 0
+    _tids: list[int] = dataclasses.field(default_factory=list)
+    _tpos: dict[int, int] = dataclasses.field(default_factory=dict)
+    _tbuf: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.theme_stats = _Themes(self.theme_stats)
+
+    def _sem_sync(self) -> None:
+        # sem_ids only grows while a cache lives (a deletion drops the cache): new rows are appended
+        n = len(self.sem_ids)
+        if n == self._n:
+            return
+        new = np.stack([self.sem_vec[i] for i in self.sem_ids[self._n :]]).astype(np.float32, copy=False)
+        if self._buf is None or self._buf64 is None:
+            self._buf = np.empty((0, new.shape[1]), dtype=np.float32)
+            self._buf64 = np.empty((0, new.shape[1]), dtype=np.float64)
+        self._buf, self._buf64 = _grown(self._buf, n), _grown(self._buf64, n)
+        self._buf[self._n : n] = new
+        self._buf64[self._n : n] = new
+        self._n = n
+
+    def sem_matrix(self) -> np.ndarray:
+        """The semantic vectors, float32 ``(len(sem_ids), d)`` in ``sem_ids`` order."""
+        if not self.sem_ids:
+            return np.zeros((0, 1), dtype=np.float32)
+        self._sem_sync()
+        assert self._buf is not None
+        return self._buf[: self._n]
+
+    def sem_matrix64(self) -> np.ndarray:
+        """:meth:`sem_matrix` as float64 (what the kNN graph computes in)."""
+        if not self.sem_ids:
+            return np.zeros((0, 1), dtype=np.float64)
+        self._sem_sync()
+        assert self._buf64 is not None
+        return self._buf64[: self._n]
+
+    def theme_matrix(self) -> tuple[list[int], np.ndarray]:
+        """Theme ids ascending and their normalised centroids, float32 ``(T, d)``."""
+        ts = self.theme_stats
+        assert isinstance(ts, _Themes)
+        if not ts:
+            ts.dirty, ts.removed = set(), True
+            return [], np.zeros((0, 1))
+        new = sorted(t for t in ts.dirty if t not in self._tpos)
+        if ts.removed or self._tbuf is None or (new and self._tids and new[0] < self._tids[-1]):
+            ids = sorted(ts)
+            mat = normalize_rows(np.stack([ts[t][2] for t in ids]).astype(np.float32))
+            self._tids, self._tpos = ids, {t: j for j, t in enumerate(ids)}
+            self._tbuf = _grown(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids))
+            self._tbuf[: len(ids)] = mat
+        elif ts.dirty:
+            for t in new:
+                self._tpos[t] = len(self._tids)
+                self._tids.append(t)
+            self._tbuf = _grown(self._tbuf, len(self._tids))
+            rows = sorted(ts.dirty)
+            at = [self._tpos[t] for t in rows]
+            self._tbuf[at] = normalize_rows(np.stack([ts[t][2] for t in rows]).astype(np.float32))
+        ts.dirty, ts.removed = set(), False
+        return self._tids, self._tbuf[: len(self._tids)]
