@@ -710,7 +710,7 @@ class HAT(MemoryAgent, HierarchicalMemory):
             s = np.asarray(r, dtype=np.float64)
         if admissible == "leaves":
             keep = self._leaf_mask(ids)
-            out = self._ranked(ids, s, k, meta, keep) + self._ranked(ids, s, k, meta, ~keep)
+            out = self._ranked(ids, s, k, meta, keep, then=~keep)
         else:
             out = self._ranked(ids, s, k, meta)
         for nid, _, m in out:

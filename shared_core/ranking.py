@@ -342,6 +342,7 @@ class Ranking:
         k: int,
         meta: dict[str, Any],
         admissible: np.ndarray | None = None,
+        then: np.ndarray | None = None,
     ) -> list[tuple[int, float, dict[str, Any]]]:
         """Candidates best first (ties by node id), one per distinct text, over the admissible positions.
 
@@ -353,6 +354,9 @@ class Ranking:
             ids: node ids ``int64 (n,)``; scores: ``float (n,)``; k: the hit budget.
             meta: metadata given to every candidate (copied).
             admissible: ``bool (n,)`` mask of the positions that may be returned (default all).
+            then: ``bool (n,)`` mask of fallback positions, ranked by a walk of their own and appended
+                only when the admissible positions ran out first (a walk that stopped early already
+                holds every hit :meth:`_to_hits` can take).
         """
         allowed = self._allowed_mask(ids)
         if allowed is not None:
@@ -371,8 +375,8 @@ class Ranking:
             out.append((int(ids[j]), float(scores[j]), dict(meta)))
             fitting += budget.take(text)
             if len(out) >= 3 * k + 8 and (fitting >= k or budget.spent or budget.max_tokens is None):
-                break
-        return out
+                return out
+        return out if then is None else out + self._ranked(ids, scores, k, meta, then)
 
     def _to_hits(
         self, cands: Sequence[tuple[int, float, dict[str, Any]]], k: int, max_tokens: int | None
