@@ -23,6 +23,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
+from .arrays import grow
 from .types import InvalidInputError
 
 __all__ = ["LexicalIndex", "tokenize"]
@@ -73,20 +74,6 @@ def tokenize(texts: Sequence[str], *, stem: bool = True, stopwords: str | None =
         (Lù, 2024) tokenizer.
     """
     return _tokenize(texts, stopwords, _make_stemmer(stem))
-
-
-def _grow(a: np.ndarray, need: int, fill: int | None = None) -> np.ndarray:
-    """``a`` with room for at least ``need`` entries along axis 0 (capacity doubles; new entries filled)."""
-    if need <= len(a):
-        return a
-    cap = max(need, 2 * len(a), _MIN_CAP)
-    out = (
-        np.empty((cap, *a.shape[1:]), dtype=a.dtype)
-        if fill is None
-        else np.full((cap, *a.shape[1:]), fill, dtype=a.dtype)
-    )
-    out[: len(a)] = a
-    return out
 
 
 class LexicalIndex:
@@ -220,14 +207,14 @@ class LexicalIndex:
         if slot is None:
             slot = self._n_slots
             self._n_slots += 1
-            self._slot_id = _grow(self._slot_id, self._n_slots)
-            self._slot_len = _grow(self._slot_len, self._n_slots)
-            self._slot_gen = _grow(self._slot_gen, self._n_slots)
+            self._slot_id = grow(self._slot_id, self._n_slots)
+            self._slot_len = grow(self._slot_len, self._n_slots)
+            self._slot_gen = grow(self._slot_gen, self._n_slots)
             self._slot_id[slot] = i
             self._slot_gen[slot] = 0
             self._slot_of[i] = slot
             if 0 <= i < max(_DENSE_IDS, 4 * self._n_slots):  # sparse or huge ids stay in the dict only
-                self._slot_by_id = _grow(self._slot_by_id, i + 1, fill=-1)
+                self._slot_by_id = grow(self._slot_by_id, i + 1, fill=-1)
                 self._slot_by_id[i] = slot
         else:
             self._retire(slot, self._tokens[i])
@@ -246,9 +233,9 @@ class LexicalIndex:
                 tid = vocab[t] = len(self._post)
                 self._post.append(np.empty((_MIN_CAP, 3), dtype=np.int64))
                 self._post_n.append(0)
-                self._df = _grow(self._df, tid + 1, fill=0)
+                self._df = grow(self._df, tid + 1, fill=0)
             n = self._post_n[tid]
-            arr = self._post[tid] = _grow(self._post[tid], n + 1)
+            arr = self._post[tid] = grow(self._post[tid], n + 1, minimum=_MIN_CAP)
             arr[n, 0] = slot
             arr[n, 1] = tf
             arr[n, 2] = gen

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .arrays import grow
+
 if TYPE_CHECKING:
     from .index import NodeIndex
     from .tree import NodeStore
@@ -85,9 +87,11 @@ class RouteCache:
         if index is None:
             return None
         route = self._routes.get(parent)
-        if route is not None and route.index is index and route.children != ids:
+        if route is not None and route.index is not index:
+            route = None
+        if route is not None and route.children != ids:
             self._patch_children(route, ids, index)
-        if route is not None and route.index is index and route.children == ids:
+        if route is not None and route.children == ids:
             if route.commit == self._commits:
                 return route
             rows: list[tuple[int, int]] = []
@@ -119,10 +123,7 @@ class RouteCache:
         changed = [j for j in range(len(old)) if old[j] != ids[j]] + list(range(len(old), len(ids)))
         if len(changed) > _PATCH_MAX or not all(ids[j] in index for j in changed):
             return
-        if len(ids) > len(old):
-            grown = np.empty((len(ids), route.mat.shape[1]), dtype=route.mat.dtype)
-            grown[: len(old)] = route.mat
-            route.mat = grown
+        route.mat = grow(route.mat, len(ids))[: len(ids)]
         route.mat[changed] = index.get([ids[j] for j in changed])
         for j in changed:
             if j < len(old) and route.pos.get(old[j]) == j:

@@ -203,15 +203,16 @@ class Ranking:
         hybrid_weight = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
         if self._index is None or len(self._index) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        ids = self._index.ids.copy()
         dense = None
         if kind in ("dense", "hybrid"):
             if qvec is None:
                 qvec = self._embed_query(query)
-            _, cos = self._index.scores_all(qvec)
+            ids, cos = self._index.scores_all(qvec)  # the ids come back copied, in row order
             dense = np.maximum(cos, 0.0).astype(np.float32)
             if kind == "dense":
                 return ids, dense
+        else:
+            ids = self._index.ids.copy()
         bm = self._lexical_index().scores_for(query, ids)
         if kind == "bm25":
             return ids, bm

@@ -14,17 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import grow, positions
 from .tree import NodeStore
 
 __all__ = ["NodeArrays"]
-
-
-def _grow(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
-    if n <= len(a):
-        return a
-    out = np.full(max(n, 2 * len(a), 16), fill, dtype=a.dtype)
-    out[: len(a)] = a
-    return out
 
 
 class NodeArrays:
@@ -49,9 +42,9 @@ class NodeArrays:
 
     def _read(self, store: NodeStore, ids: Any) -> None:
         n = store.next_id
-        self.parent = _grow(self.parent, n, -1)
-        self.level = _grow(self.level, n, 0)
-        self.leaf = _grow(self.leaf, n, False)
+        self.parent = grow(self.parent, n, -1)
+        self.level = grow(self.level, n, 0)
+        self.leaf = grow(self.leaf, n, False)
         nodes = store.nodes
         for nid in ids:
             node = nodes.get(nid)
@@ -97,8 +90,7 @@ class NodeArrays:
             return z, np.zeros(0, dtype=bool), z.copy()
         par = self.parent[ids]
         has = par >= 0
-        row = np.full(max(len(self.parent), int(ids.max()) + 1), -1, dtype=np.int64)
-        row[ids] = np.arange(n, dtype=np.int64)
+        row = positions(ids, len(self.parent))
         parent_pos = np.full(n, -1, dtype=np.int64)
         parent_pos[has] = row[par[has]]
         gap = np.zeros(n, dtype=np.int64)

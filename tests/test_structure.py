@@ -131,3 +131,17 @@ def test_best_first_walks_the_full_lexsort_order(scores, keep_every, seed):
     want = pos[np.lexsort((ids[pos], -sc[pos]))].tolist()
     assert list(best_first(ids, sc, pos)) == want
     assert list(best_first(ids, sc)) == np.lexsort((ids, -sc)).tolist()
+
+
+def test_grow_and_positions():
+    from shared_core.arrays import grow, positions
+
+    a = np.arange(3, dtype=np.int64)
+    assert grow(a, 3) is a
+    g = grow(a, 5, fill=-1, minimum=4)
+    assert len(g) == 6 and g[:3].tolist() == [0, 1, 2] and g[3:].tolist() == [-1, -1, -1]
+    m = grow(np.ones((2, 3), np.float32), 3)
+    assert m.shape == (16, 3) and m[:2].tolist() == [[1.0] * 3] * 2
+    p = positions(np.array([5, 2, 9]), size=12)
+    assert len(p) == 12 and p[[5, 2, 9]].tolist() == [0, 1, 2] and (p >= 0).sum() == 3
+    assert positions(np.zeros(0, np.int64)).shape == (0,)

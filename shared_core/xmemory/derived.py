@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import grow
 from ..index import normalize_rows
 from .knn import KNNGraph
 
@@ -36,15 +37,6 @@ class _Themes(dict):  # type: ignore[type-arg]
         if key in self:
             self.removed = True
         return super().pop(key, *default)
-
-
-def _grown(buf: np.ndarray, n: int) -> np.ndarray:
-    """``buf`` with room for ``n`` rows (capacity doubled when it has to grow)."""
-    if n <= len(buf):
-        return buf
-    out = np.empty((max(n, 2 * len(buf), 64), buf.shape[1]), dtype=buf.dtype)
-    out[: len(buf)] = buf
-    return out
 
 
 @dataclasses.dataclass
@@ -81,26 +73,26 @@ class _Derived:
         if self._buf is None or self._buf64 is None:
             self._buf = np.empty((0, new.shape[1]), dtype=np.float32)
             self._buf64 = np.empty((0, new.shape[1]), dtype=np.float64)
-        self._buf, self._buf64 = _grown(self._buf, n), _grown(self._buf64, n)
+        self._buf, self._buf64 = grow(self._buf, n, minimum=64), grow(self._buf64, n, minimum=64)
         self._buf[self._n : n] = new
         self._buf64[self._n : n] = new
         self._n = n
 
     def sem_matrix(self) -> np.ndarray:
         """The semantic vectors, float32 ``(len(sem_ids), d)`` in ``sem_ids`` order."""
-        if not self.sem_ids:
-            return np.zeros((0, 1), dtype=np.float32)
-        self._sem_sync()
-        assert self._buf is not None
-        return self._buf[: self._n]
+        return self._sem_view(np.float32)
 
     def sem_matrix64(self) -> np.ndarray:
         """:meth:`sem_matrix` as float64 (what the kNN graph computes in)."""
+        return self._sem_view(np.float64)
+
+    def _sem_view(self, dtype: Any) -> np.ndarray:
         if not self.sem_ids:
-            return np.zeros((0, 1), dtype=np.float64)
+            return np.zeros((0, 1), dtype=dtype)
         self._sem_sync()
-        assert self._buf64 is not None
-        return self._buf64[: self._n]
+        buf = self._buf if dtype == np.float32 else self._buf64
+        assert buf is not None
+        return buf[: self._n]
 
     def theme_matrix(self) -> tuple[list[int], np.ndarray]:
         """Theme ids ascending and their normalised centroids, float32 ``(T, d)``."""
@@ -114,13 +106,13 @@ class _Derived:
             ids = sorted(ts)
             mat = normalize_rows(np.stack([ts[t][2] for t in ids]).astype(np.float32))
             self._tids, self._tpos = ids, {t: j for j, t in enumerate(ids)}
-            self._tbuf = _grown(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids))
+            self._tbuf = grow(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids), minimum=64)
             self._tbuf[: len(ids)] = mat
         elif ts.dirty:
             for t in new:
                 self._tpos[t] = len(self._tids)
                 self._tids.append(t)
-            self._tbuf = _grown(self._tbuf, len(self._tids))
+            self._tbuf = grow(self._tbuf, len(self._tids), minimum=64)
             rows = sorted(ts.dirty)
             at = [self._tpos[t] for t in rows]
             self._tbuf[at] = normalize_rows(np.stack([ts[t][2] for t in rows]).astype(np.float32))

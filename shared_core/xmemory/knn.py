@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..arrays import grow
 from ..types import InvalidInputError
 
 __all__ = ["KNNGraph"]
@@ -54,10 +55,7 @@ class KNNGraph:
         return {int(cand_ids[o]): float(cand[o]) for o in order}
 
     def _note_low(self, j: int) -> None:
-        if j >= len(self._low):
-            low = np.full(max(j + 1, 2 * len(self._low), 64), np.inf)
-            low[: len(self._low)] = self._low
-            self._low = low
+        self._low = grow(self._low, j + 1, np.inf, minimum=64)
         row = self.rows.get(j)
         if row is None:
             self._low[j] = np.inf

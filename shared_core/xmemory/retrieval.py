@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import positions
 from ..base import ADMISSIBLE, RELEVANCE_KINDS, check_choice, check_weight
 from ..prompts import xmemory as P
 from ..types import Hit, InvalidInputError, check_finite
@@ -191,8 +192,7 @@ class _Relevance:
         self.ids = np.asarray(ids, dtype=np.int64)
         self.r = np.asarray(r, dtype=np.float64)
         #: node id -> its position in ``ids`` (``-1``: not indexed), for ids up to the largest indexed one
-        self.row = np.full(int(self.ids.max()) + 1 if len(self.ids) else 0, -1, dtype=np.int64)
-        self.row[self.ids] = np.arange(len(self.ids), dtype=np.int64)
+        self.row = positions(self.ids)
 
     def rows(self, nids: np.ndarray) -> np.ndarray:
         """Positions in ``ids`` of the node ids ``nids`` (``-1`` for a node that is not indexed)."""
@@ -430,15 +430,8 @@ class _XMemoryRetrieval(_XMemoryConstruction):
 
     def _fact_ready(self, nid: int) -> bool:
         """Whether message leaf ``nid`` has a sentence the fact rule accepts (cached by message text)."""
-        cache: dict[str, bool] | None = getattr(self, "_fact_ready_cache", None)
-        if cache is None:
-            cache = self._fact_ready_cache = {}
         node = self._store.nodes[nid]
-        text = node.message.text if node.message is not None else node.text
-        hit = cache.get(text)
-        if hit is None:
-            hit = cache[text] = has_fact_sentence(text)
-        return hit
+        return has_fact_sentence(node.message.text if node.message is not None else node.text)
 
     # ------------------------------------------------------------------ Stage I (Eq. 4)
     def _stage_one(

@@ -7,6 +7,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -137,6 +138,7 @@ def _fact_score(sentence: str) -> int:
     return score
 
 
+@functools.lru_cache(maxsize=65_536)
 def has_fact_sentence(text: str) -> bool:
     """Whether the LLM-free fact rule accepts at least one sentence of ``text``.
 
@@ -151,7 +153,8 @@ def has_fact_sentence(text: str) -> bool:
         ``True`` when some sentence qualifies.
 
     References:
-        xMemory App. C "semantic generation" (the rule is its LLM-free stand-in).
+        xMemory App. C "semantic generation" (the rule is its LLM-free stand-in). Results are cached
+        by text (65,536 texts).
     """
     return any(_fact_score(sent) > 0 for sent in split_sentences(str(text)))
 

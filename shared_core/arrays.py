@@ -1,0 +1,49 @@
+"""Small numpy helpers shared by the incremental structures: growable arrays and id -> position maps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["grow", "positions"]
+
+
+def grow(a: np.ndarray, need: int, fill: Any = None, minimum: int = 16) -> np.ndarray:
+    """``a`` with room for at least ``need`` entries along axis 0.
+
+    Capacity at least doubles when it has to grow (amortised O(1) appends); the existing entries are
+    copied, new ones are ``fill`` (uninitialised when ``None``). ``a`` itself is returned when it is
+    large enough.
+
+    Args:
+        a: an array of any shape ``(n, ...)``.
+        need: entries required along axis 0.
+        fill: value of the new entries, or ``None`` to leave them uninitialised.
+        minimum: smallest capacity allocated, default 16.
+
+    Returns:
+        ``a`` or a larger array of the same dtype and trailing shape.
+    """
+    if need <= len(a):
+        return a
+    shape = (max(need, 2 * len(a), minimum), *a.shape[1:])
+    out = np.empty(shape, dtype=a.dtype) if fill is None else np.full(shape, fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+def positions(ids: np.ndarray, size: int = 0) -> np.ndarray:
+    """The inverse of an id array: ``out[ids[j]] = j``, ``-1`` for ids not in ``ids``.
+
+    Args:
+        ids: distinct non-negative ``int64`` ids ``(n,)``.
+        size: length of the map at least (default: ``max(ids) + 1``).
+
+    Returns:
+        ``int64`` array ``(max(size, max(ids) + 1),)``.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.full(max(size, int(ids.max()) + 1 if len(ids) else 0), -1, dtype=np.int64)
+    out[ids] = np.arange(len(ids), dtype=np.int64)
+    return out
