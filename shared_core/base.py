@@ -121,6 +121,9 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
     legacy_config: ClassVar[dict[str, Any]] = {}
     #: ``annotation_vectors`` when the constructor is not given one (each memory sets its own)
     default_annotation_vectors: ClassVar[str] = "embedded"
+    #: ``sentence_vectors`` of the default extractive summariser (see
+    #: :class:`~shared_core.models.extractive.ExtractiveSummarizer`)
+    default_sentence_vectors: ClassVar[str] = "embedded"
 
     def __init__(
         self,
@@ -192,7 +195,9 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             return LLMSummarizer(self.llm)
         from .models.extractive import ExtractiveSummarizer
 
-        return ExtractiveSummarizer(self.embedder, max_chars=self.summary_chars)
+        return ExtractiveSummarizer(
+            self.embedder, max_chars=self.summary_chars, sentence_vectors=self.default_sentence_vectors
+        )
 
     @abc.abstractmethod
     def _insert(self, message: Message, usage: Usage) -> dict[str, Any]:
@@ -279,6 +284,8 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
                 for m in messages:
                     report.details.append(self._insert(m, report.usage))
                     report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
+                # new leaves first: their sentences' vectors come with them, before any summary is made
+                self._embed_pending(report.usage, leaves_only=True)
                 self._before_commit(report.usage)
                 self._embed_pending(report.usage)
                 self._commit()
@@ -451,7 +458,8 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
 
     def _vectors_written(self, ids: set[int]) -> None:
         """Hook: the indexed vectors of ``ids`` were just written or removed (a commit landed, or another
-        process's commits were applied). Caches of index vectors refresh those rows; default: nothing."""
+        process's commits were applied). Caches of index vectors refresh those rows (subclasses extend
+        it and call this one); default: nothing."""
 
     def _rollback(self) -> None:
         """Undo the open transaction (no-op once it is committed)."""

