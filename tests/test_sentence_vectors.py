@@ -25,21 +25,17 @@ from shared_core.models.extractive import (
 )
 from shared_core.models.local import pool_spans
 from shared_core.types import InvalidInputError, UnknownPolicyError
+from tests.test_annotation_vectors import CountingEmbedder
 from tests.test_durable import HashEmbedder
 from tests.vectors import check_node_vectors
 
 
-class SpanEmbedder(HashEmbedder):
-    """HashEmbedder with ``embed_spans``: a span's vector is the span's text embedded (unit rows)."""
+class SpanEmbedder(CountingEmbedder):
+    """CountingEmbedder with ``embed_spans``: a span's vector is the span's text embedded (unit rows)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: list[str] = []
         self.span_calls = 0
-
-    def embed(self, texts):
-        self.seen.extend(texts)
-        return super().embed(texts)
 
     def embed_spans(self, texts, spans):
         self.span_calls += 1
@@ -137,23 +133,13 @@ def test_warm_pools_when_it_can():
     usage = s.warm(["Dogs bark. Cats sleep.", "Dogs bark. Cats sleep."])
     assert emb.seen == ["Dogs bark. Cats sleep."] and usage.embed_calls == 1
     assert s.warm(["Cats sleep."]).embed_calls == 0  # cached from the first text's pass
-    plain = CountingOnly()
+    plain = CountingEmbedder()
     ExtractiveSummarizer(plain).warm(["Dogs bark. Cats sleep."])
     assert plain.seen == ["Dogs bark.", "Cats sleep."]  # no embed_spans: each sentence alone
 
 
-class CountingOnly(HashEmbedder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def embed(self, texts):
-        self.seen.extend(texts)
-        return super().embed(texts)
-
-
 def test_seed_checks_its_rows_and_skips_cut_off_sentences():
-    emb = CountingOnly()
+    emb = CountingEmbedder()
     s = ExtractiveSummarizer(emb, sentence_vectors="pooled")
     text = "Dogs bark. Cats sleep."
     with pytest.raises(InvalidInputError, match="2 sentences"):

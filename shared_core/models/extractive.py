@@ -57,20 +57,21 @@ class ExtractiveSummarizer:
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
     returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
 
-    Sentence vectors come from one of two places (``sentence_vectors``). ``"pooled"`` (default): a
+    Sentence vectors come from one of two places (``sentence_vectors``). ``"pooled"``: a
     memory that embeds a message with an embedder offering ``embed_spans`` (the embedded
     :class:`~shared_core.models.local.LocalEmbedder`) gets, from the same forward pass, each sentence's
     vector as the mean of the message's token states over the sentence's characters ("late chunking"),
-    and hands them to :meth:`seed`; so a sentence costs no embedding of its own. ``"embedded"``: every
-    sentence is embedded alone (one more forward pass over the message's tokens). Either way a sentence
-    that is the whole message gets the message's vector, and sentences not seeded are embedded alone.
+    and hands them to :meth:`seed`; so a sentence costs no embedding of its own. ``"embedded"``
+    (default): every sentence is embedded alone (one more forward pass over the message's tokens).
+    Either way a sentence that is the whole message gets the message's vector, and sentences not
+    seeded are embedded alone.
 
     Args:
         embedder: the memory's embedder (usually shared with it).
         max_chars: length budget of a summary in characters, default 600. A first sentence longer than
             the budget is cut at a word boundary and ends with ``"…"``.
         cache_size: sentences whose vectors are kept, default 100,000 (about 150 MB at 384-d).
-        sentence_vectors: ``"pooled"`` (default) or ``"embedded"``, see above.
+        sentence_vectors: ``"embedded"`` (default) or ``"pooled"``, see above.
 
     Raises:
         InvalidInputError: ``max_chars`` < 20.

@@ -167,17 +167,25 @@ class _OnnxEncoder:
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             hidden, mask, enc = self._run([texts[i] for i in idx])
-            m = mask[..., None].astype(np.float32)
-            vecs = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
-            if normalize or self.always_normalize:
-                vecs /= np.clip(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12, None)
+            vecs = _mean_pool(hidden, mask, normalize or self.always_normalize)
             if out.shape[1] == 0:
                 out = np.empty((len(texts), vecs.shape[1]), dtype=np.float32)
             out[idx] = vecs
-            if parts is not None and spans is not None:
+            if parts is not None:
+                assert spans is not None
                 for row, i in enumerate(idx):
                     parts[i] = pool_spans(hidden[row], enc[row].offsets, spans[i])
         return out, parts
+
+
+def _mean_pool(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
+    """sentence-transformers' mean pooling: token states ``(b, T, d)`` averaged over the attention mask
+    ``(b, T)``, optionally normalised to unit rows."""
+    m = mask[..., None].astype(np.float32)
+    vecs = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+    if normalize:
+        vecs /= np.clip(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12, None)
+    return vecs
 
 
 def pool_spans(
@@ -200,7 +208,7 @@ def pool_spans(
     for j, (a, b) in enumerate(spans):
         sel = real & (off[:, 0] >= a) & (off[:, 1] <= b)
         if sel.any():
-            v = states[: len(off)][sel].mean(axis=0)
+            v = states[sel].mean(axis=0)
             n = float(np.linalg.norm(v))
             if n > 0:
                 out[j] = v / n
@@ -230,9 +238,7 @@ def _torch_spans(
         with torch.no_grad():
             feed = {k: v.to(st.device) for k, v in enc.items()}
             hidden = module.auto_model(**feed).last_hidden_state.float().cpu().numpy()
-        mask = enc["attention_mask"].numpy()[..., None].astype(np.float32)
-        v = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-        v /= np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+        v = _mean_pool(hidden, enc["attention_mask"].numpy(), True)
         if vecs.shape[1] == 0:
             vecs = np.empty((len(texts), v.shape[1]), dtype=np.float32)
         vecs[start : start + len(batch)] = v
