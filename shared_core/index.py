@@ -21,9 +21,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from .types import EmbeddingError, PersistenceError
+from .types import EmbeddingError, InvalidInputError, PersistenceError
 
-__all__ = ["NodeIndex", "normalize_rows"]
+__all__ = ["NodeIndex", "inner_products", "normalize_rows"]
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
@@ -32,6 +32,44 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
     return x / norms
+
+
+_BATCHED_D = frozenset({1, 2, 4, 8, 12})  # widths fvec_inner_products_ny has a batched kernel for
+
+
+def inner_products(X: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Inner products of every row of ``X`` with each query, by FAISS's SIMD kernel.
+
+    Each product is computed by the same routine whatever the batch, so ``ip(x, y)`` is bitwise
+    ``ip(y, x)`` and does not depend on where a row sits (what an exact incremental kNN graph needs to
+    equal its rebuild); 2-3x faster than a BLAS ``sgemv`` on this kind of machine.
+
+    Args:
+        X: float32 ``(n, d)`` (converted when it is not C-contiguous float32).
+        queries: float32 ``(m, d)`` or ``(d,)``.
+
+    Returns:
+        float32 ``(m, n)``, or ``(n,)`` for a single ``(d,)`` query.
+
+    Raises:
+        InvalidInputError: the queries' dimension differs from the rows'.
+    """
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    Q = np.ascontiguousarray(queries, dtype=np.float32)
+    single = Q.ndim == 1
+    Q = Q.reshape(1, -1) if single else Q
+    n, d = X.shape if X.ndim == 2 else (0, Q.shape[1])
+    if Q.shape[1] != d and n:
+        raise InvalidInputError(f"queries have dimension {Q.shape[1]}, rows {d}.")
+    if d in _BATCHED_D and n:  # FAISS batches rows for these widths, rounding by position: add a zero column
+        X, Q = np.pad(X, ((0, 0), (0, 1))), np.pad(Q, ((0, 0), (0, 1)))
+        d += 1
+    out = np.empty((len(Q), n), dtype=np.float32)
+    if n:
+        xp = faiss.swig_ptr(X)
+        for i in range(len(Q)):
+            faiss.fvec_inner_products_ny(faiss.swig_ptr(out[i]), faiss.swig_ptr(Q[i]), xp, d, n)
+    return out[0] if single else out
 
 
 @dataclass

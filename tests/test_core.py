@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_core.index import NodeIndex, normalize_rows
+from shared_core.index import NodeIndex, inner_products, normalize_rows
 from shared_core.propagation import propagate, propagate_levelled, propagate_parents, propagation_matrix
 from shared_core.tree import ChildTexts, Node, NodeStore, TreeInvariantError
 from shared_core.types import (
@@ -317,6 +317,23 @@ def test_index_scores_and_search_equal_brute_force(n, k, seed):
     assert len(sub_ids) == min(k, len(subset))
     best_sub = sorted((by_id[i] for i in subset), reverse=True)[: len(sub_ids)]
     np.testing.assert_allclose(sub, best_sub, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 40), m=st.integers(1, 5), d=st.integers(1, 19), seed=st.integers(0, 10_000))
+def test_inner_products_are_the_dot_products_and_bitwise_symmetric(n, m, d, seed):
+    X = _rand(n, d, seed) if n else np.zeros((0, d), np.float32)
+    Q = _rand(m, d, seed + 1)
+    got = inner_products(X, Q)
+    assert got.shape == (m, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, Q.astype(np.float64) @ X.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+    if n:
+        # the same pair gives the same bits whichever side and batch it is computed from
+        np.testing.assert_array_equal(inner_products(Q, X), got.T)
+        np.testing.assert_array_equal(inner_products(X, Q[0]), got[0])
+        np.testing.assert_array_equal(inner_products(X[1:], Q)[:, :], got[:, 1:])
+    with pytest.raises(InvalidInputError):
+        inner_products(_rand(3, d + 1, seed), Q)
 
 
 def test_index_empty_and_empty_subset():

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..base import HierarchicalMemory
-from ..index import normalize_rows
+from ..index import inner_products, normalize_rows
 from ..models.parsing import complete_parsed, parse_json_object
 from ..prompts import xmemory as P
 from ..types import AddReport, InvalidInputError, Message, MessageLike, Usage, as_messages, check_finite
-from .derived import _Derived
+from .derived import _Derived, _Themes
 from .knn import KNNGraph
 from .objective import _objective_from_stats, candidate_splits, theme_cohesion
 from .rules import central_facts, extract_facts_rule, parse_timestamp, render_messages
@@ -94,7 +94,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             if members:
                 d.theme_stats[t] = self._stats_of(d, members)
         if sem_ids:
-            d.sem_graph.rebuild(sem_ids, d.sem_matrix64())
+            d.sem_graph.rebuild(d.sem_id_array(), d.sem_matrix())
         tids, tmat = d.theme_matrix()
         if tids:
             d.theme_graph.rebuild(tids, tmat)
@@ -315,7 +315,11 @@ class _XMemoryConstruction(HierarchicalMemory):
         for t in {st.nodes[s].parent for s in linked} - themes_touched:  # spans grown by a merged fact
             if t is not None:
                 st.refresh_span(t)
-        st.refresh_span(self._ensure_root())
+        # closing moves the episode below the root and grows spans only up to the episode's own, which
+        # the root's span already covers (the open episode's span is merged in at every insert)
+        root = self._ensure_root()
+        (a, b), (ea, eb) = st.nodes[root].span, st.nodes[ep].span
+        st.set_span(root, (min(a, ea), max(b, eb)))
         return {"semantics_created": len(created), "semantics_merged": merged, "facts": len(facts)}
 
     def _add_semantics(
@@ -338,7 +342,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         for (text, _, sources), v in zip(facts, vecs):
             target = None
             if d.sem_ids:
-                sims = d.sem_matrix() @ v
+                sims = inner_products(d.sem_matrix(), v)
                 j = int(np.argmax(sims))
                 if float(sims[j]) >= self.dedup_threshold:
                     target = d.sem_ids[j]
@@ -366,7 +370,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             linked.append(node.id)
             self._count("semantics_created")
         if created:
-            d.sem_graph.upsert(d.sem_ids, d.sem_matrix64(), created)
+            d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created)
         return linked, created, merged
 
     def _attach_to_theme(self, sid: int, d: _Derived) -> int:
@@ -375,7 +379,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         tids, tmat = d.theme_matrix()
         target = None
         if tids:
-            sims = tmat @ v
+            sims = inner_products(tmat, v)
             j = int(np.argmax(sims))
             if float(sims[j]) >= self.attach_threshold:
                 target = tids[j]
@@ -462,7 +466,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         if len(tids) < 2:
             return None
         me = d._tpos[t]
-        sims = tmat @ tmat[me]
+        sims = inner_products(tmat, tmat[me])
         sims[me] = -np.inf
         neg, m = -sims, self.merge_candidates
         # the m most similar, ties by position: a stable sort of those at least the m-th best
@@ -506,11 +510,14 @@ class _XMemoryConstruction(HierarchicalMemory):
             self._summarize_theme(t, usage)
             st.refresh_span(t)
         tids, tmat = d.theme_matrix()
-        gone = [t for t in list(d.theme_graph.rows) if t not in d.theme_stats]
+        ts = d.theme_stats
+        assert isinstance(ts, _Themes)
+        gone = sorted(t for t in ts.dropped if t in d.theme_graph.rows and t not in ts)
+        ts.dropped = set()
         if gone:
-            d.theme_graph.remove(gone, tids, tmat)
+            d.theme_graph.remove(gone, d.theme_id_array(), tmat)
         if live:
-            d.theme_graph.upsert(tids, tmat, live)
+            d.theme_graph.upsert(d.theme_id_array(), tmat, live)
 
     def _summarize_theme(self, t: int, usage: Usage) -> None:
         st = self._store

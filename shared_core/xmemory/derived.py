@@ -18,12 +18,17 @@ from .knn import KNNGraph
 
 
 class _Themes(dict):  # type: ignore[type-arg]
-    """``theme_stats``: a dict that records which themes were set or removed since the last read."""
+    """``theme_stats``: a dict that records which themes were set or removed since the last read.
+
+    ``dirty`` and ``removed`` are read (and reset) by the theme matrix; ``dropped`` collects the removed
+    ids until the theme kNN graph takes them.
+    """
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.dirty: set[int] = set(self)
         self.removed = True
+        self.dropped: set[int] = set()
 
     def __setitem__(self, key: int, value: Any) -> None:
         super().__setitem__(key, value)
@@ -32,10 +37,12 @@ class _Themes(dict):  # type: ignore[type-arg]
     def __delitem__(self, key: int) -> None:
         super().__delitem__(key)
         self.removed = True
+        self.dropped.add(key)
 
     def pop(self, key: int, *default: Any) -> Any:
         if key in self:
             self.removed = True
+            self.dropped.add(key)
         return super().pop(key, *default)
 
 
@@ -43,10 +50,10 @@ class _Themes(dict):  # type: ignore[type-arg]
 class _Derived:
     """Structures derived from the node store and vectors; rebuilt after a rollback or a load.
 
-    The stacked semantic matrix (float32, and float64 for the kNN graph) grows in place as semantics
-    are added; the normalised theme centroid matrix is updated row by row as ``theme_stats`` changes
-    (rebuilt after a theme is removed or when a theme id comes before an existing one). The arrays they
-    return are views that later updates change: read them before the next change.
+    The stacked semantic matrix (float32) and its ids grow in place as semantics are added; the
+    normalised theme centroid matrix is updated row by row as ``theme_stats`` changes (rebuilt after a
+    theme is removed or when a theme id comes before an existing one). The arrays they return are views
+    that later updates change: read them before the next change.
     """
 
     sem_ids: list[int]
@@ -55,11 +62,12 @@ class _Derived:
     sem_graph: KNNGraph
     theme_graph: KNNGraph
     _buf: np.ndarray | None = None
-    _buf64: np.ndarray | None = None
+    _sid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _n: int = 0
     _tids: list[int] = dataclasses.field(default_factory=list)
     _tpos: dict[int, int] = dataclasses.field(default_factory=dict)
     _tbuf: np.ndarray | None = None
+    _tid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __post_init__(self) -> None:
         self.theme_stats = _Themes(self.theme_stats)
@@ -70,29 +78,30 @@ class _Derived:
         if n == self._n:
             return
         new = np.stack([self.sem_vec[i] for i in self.sem_ids[self._n :]]).astype(np.float32, copy=False)
-        if self._buf is None or self._buf64 is None:
+        if self._buf is None:
             self._buf = np.empty((0, new.shape[1]), dtype=np.float32)
-            self._buf64 = np.empty((0, new.shape[1]), dtype=np.float64)
-        self._buf, self._buf64 = grow(self._buf, n, minimum=64), grow(self._buf64, n, minimum=64)
+        self._buf = grow(self._buf, n, minimum=64)
         self._buf[self._n : n] = new
-        self._buf64[self._n : n] = new
+        self._sid = grow(self._sid, n, minimum=64)
+        self._sid[self._n : n] = self.sem_ids[self._n : n]
         self._n = n
 
     def sem_matrix(self) -> np.ndarray:
         """The semantic vectors, float32 ``(len(sem_ids), d)`` in ``sem_ids`` order."""
-        return self._sem_view(np.float32)
-
-    def sem_matrix64(self) -> np.ndarray:
-        """:meth:`sem_matrix` as float64 (what the kNN graph computes in)."""
-        return self._sem_view(np.float64)
-
-    def _sem_view(self, dtype: Any) -> np.ndarray:
         if not self.sem_ids:
-            return np.zeros((0, 1), dtype=dtype)
+            return np.zeros((0, 1), dtype=np.float32)
         self._sem_sync()
-        buf = self._buf if dtype == np.float32 else self._buf64
-        assert buf is not None
-        return buf[: self._n]
+        assert self._buf is not None
+        return self._buf[: self._n]
+
+    def sem_id_array(self) -> np.ndarray:
+        """``sem_ids`` as an ``int64`` array ``(len(sem_ids),)`` (a view, grown in place)."""
+        self._sem_sync()
+        return self._sid[: len(self.sem_ids)]
+
+    def theme_id_array(self) -> np.ndarray:
+        """The theme ids of the last :meth:`theme_matrix` as an ``int64`` array (a view)."""
+        return self._tid[: len(self._tids)]
 
     def theme_matrix(self) -> tuple[list[int], np.ndarray]:
         """Theme ids ascending and their normalised centroids, float32 ``(T, d)``."""
@@ -108,9 +117,12 @@ class _Derived:
             self._tids, self._tpos = ids, {t: j for j, t in enumerate(ids)}
             self._tbuf = grow(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids), minimum=64)
             self._tbuf[: len(ids)] = mat
+            self._tid = np.asarray(ids, dtype=np.int64)
         elif ts.dirty:
+            self._tid = grow(self._tid, len(self._tids) + len(new), minimum=64)
             for t in new:
                 self._tpos[t] = len(self._tids)
+                self._tid[len(self._tids)] = t
                 self._tids.append(t)
             self._tbuf = grow(self._tbuf, len(self._tids), minimum=64)
             rows = sorted(ts.dirty)

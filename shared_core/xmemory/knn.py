@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..arrays import grow
+from ..arrays import grow, positions
+from ..index import inner_products
 from ..types import InvalidInputError
 
 __all__ = ["KNNGraph"]
@@ -24,7 +25,9 @@ class KNNGraph:
     on the same vectors: a changed node's row is recomputed; another node's row is recomputed when it
     listed a changed or removed node, and otherwise only gains a changed node that beats its k-th
     neighbour. Cost per update: one product of the changed rows against all vectors plus the recomputed
-    rows, instead of the O(N^2) rebuild.
+    rows, instead of the O(N^2) rebuild. Similarities are float32 inner products computed pair by pair
+    by one kernel (:func:`~shared_core.index.inner_products`), so an update and a rebuild see bitwise the
+    same values.
 
     Args:
         k: neighbours per node, default 10.
@@ -76,52 +79,52 @@ class KNNGraph:
             self._rev.get(u, set()).discard(j)
         self._note_low(j)
 
-    def rebuild(self, ids: Sequence[int], mat: np.ndarray) -> None:
+    def rebuild(self, ids: Sequence[int] | np.ndarray, mat: np.ndarray) -> None:
         """Recompute every row from scratch.
 
         Args:
             ids: node ids (length N).
-            mat: their unit vectors, float ``(N, d)``.
+            mat: their unit vectors, float32 ``(N, d)``.
         """
-        ids = list(ids)
-        self.rows, self._rev, self._low = {}, {}, np.full(0, np.inf)
-        if not ids:
-            return
-        S = np.asarray(mat, dtype=np.float64) @ np.asarray(mat, dtype=np.float64).T
         ids_arr = np.asarray(ids, dtype=np.int64)
-        for r, j in enumerate(ids):
-            self._set(j, self._row(j, ids_arr, S[r]))
+        self.rows, self._rev, self._low = {}, {}, np.full(0, np.inf)
+        if not len(ids_arr):
+            return
+        X = np.ascontiguousarray(mat, dtype=np.float32)
+        for a in range(0, len(ids_arr), 256):
+            S = inner_products(X, X[a : a + 256])
+            for r, j in enumerate(ids_arr[a : a + 256].tolist()):
+                self._set(j, self._row(j, ids_arr, S[r]))
 
-    def upsert(self, ids: Sequence[int], mat: np.ndarray, changed: Iterable[int]) -> None:
+    def upsert(self, ids: Sequence[int] | np.ndarray, mat: np.ndarray, changed: Iterable[int]) -> None:
         """Add new nodes or update nodes whose vectors changed.
 
         Args:
-            ids: every current node id (length N), including the changed ones.
-            mat: their unit vectors, float ``(N, d)``, in the order of ``ids``.
+            ids: every current node id (length N), including the changed ones; an ``int64`` array
+                avoids a conversion per call.
+            mat: their unit vectors, float32 ``(N, d)``, in the order of ``ids``.
             changed: ids (within ``ids``) that are new or whose vector changed.
         """
-        ids = list(ids)
-        pos = {j: r for r, j in enumerate(ids)}
-        ch = [c for c in dict.fromkeys(changed) if c in pos]
+        ids_arr = np.asarray(ids, dtype=np.int64)
+        inv = positions(ids_arr)
+        ch = [c for c in dict.fromkeys(int(c) for c in changed) if 0 <= c < len(inv) and inv[c] >= 0]
         if not ch:
             return
-        M = np.asarray(mat, dtype=np.float64)
-        chset = set(ch)
-        cross = M @ M[[pos[c] for c in ch]].T  # (N, |ch|)
+        X = np.ascontiguousarray(mat, dtype=np.float32)
+        cross = inner_products(X, X[inv[ch]])  # (|ch|, N)
         # rows that list a changed node are recomputed
-        redo = chset | {j for c in ch for j in self._rev.get(c, ()) if j in pos}
+        redo = set(ch) | {j for c in ch for j in self._rev.get(c, ()) if j < len(inv) and inv[j] >= 0}
         # another row can only gain a changed node whose similarity reaches its smallest (which only
         # grows as nodes enter); rows with fewer than k neighbours take every changed node
-        ids_arr = np.asarray(ids, dtype=np.int64)
-        low = np.full(len(ids), np.inf)
+        low = np.full(len(ids_arr), np.inf)
         known = ids_arr < len(self._low)
         low[known] = self._low[ids_arr[known]]
-        low[[pos[j] for j in redo]] = np.inf
-        for r in np.nonzero(cross.max(axis=1) >= low)[0].tolist():
-            j = ids[r]
+        low[inv[sorted(redo)]] = np.inf
+        for r in np.nonzero(cross.max(axis=0) >= low)[0].tolist():
+            j = int(ids_arr[r])
             row = self.rows[j]
             for ci, c in enumerate(ch):
-                s = float(cross[r, ci])
+                s = float(cross[ci, r])
                 if len(row) < self.k:
                     row[c] = s
                     self._rev.setdefault(c, set()).add(j)
@@ -133,29 +136,31 @@ class KNNGraph:
                     row[c] = s
                     self._rev.setdefault(c, set()).add(j)
             self._note_low(j)
-        self._recompute(sorted(redo), ids, M, pos)
+        # a changed node's own row is its column of the cross product (ip is symmetric bitwise)
+        for ci, c in enumerate(ch):
+            self._set(c, self._row(c, ids_arr, cross[ci]))
+        self._recompute(sorted(redo - set(ch)), ids_arr, X, inv)
 
-    def remove(self, removed: Iterable[int], ids: Sequence[int], mat: np.ndarray) -> None:
+    def remove(self, removed: Iterable[int], ids: Sequence[int] | np.ndarray, mat: np.ndarray) -> None:
         """Remove nodes; rows that listed one of them are recomputed over the remaining nodes.
 
         Args:
             removed: ids to drop.
-            ids: the remaining node ids.
-            mat: their unit vectors, float ``(len(ids), d)``.
+            ids: the remaining node ids (an ``int64`` array avoids a conversion).
+            mat: their unit vectors, float32 ``(len(ids), d)``.
         """
-        gone = set(removed)
+        gone = {int(g) for g in removed}
         for g in gone:
             self._drop(g)
-        ids = list(ids)
-        pos = {j: r for r, j in enumerate(ids)}
+        ids_arr = np.asarray(ids, dtype=np.int64)
         redo = {j for g in gone for j in self._rev.pop(g, ())} - gone
-        self._recompute(sorted(redo), ids, np.asarray(mat, dtype=np.float64), pos)
+        X = np.ascontiguousarray(mat, dtype=np.float32)
+        self._recompute(sorted(redo), ids_arr, X, positions(ids_arr))
 
-    def _recompute(self, which: list[int], ids: list[int], M: np.ndarray, pos: dict[int, int]) -> None:
-        which = [j for j in which if j in pos]
+    def _recompute(self, which: list[int], ids_arr: np.ndarray, X: np.ndarray, inv: np.ndarray) -> None:
+        which = [j for j in which if j < len(inv) and inv[j] >= 0]
         if not which:
             return
-        S = M[[pos[j] for j in which]] @ M.T
-        ids_arr = np.asarray(ids, dtype=np.int64)
+        S = inner_products(X, X[inv[which]])
         for r, j in enumerate(which):
             self._set(j, self._row(j, ids_arr, S[r]))
