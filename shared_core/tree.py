@@ -383,7 +383,13 @@ class NodeStore:
         c = self._touch(child)
         if c.parent is not None:
             p = self._touch(c.parent)
-            p.children.remove(child)
+            kids = p.children
+            for i in range(len(kids) - 1, max(len(kids) - 9, -1), -1):  # recent children sit at the end
+                if kids[i] == child:
+                    del kids[i]
+                    break
+            else:
+                kids.remove(child)
             c.parent = None
 
     def delete_node(self, nid: int) -> None:
