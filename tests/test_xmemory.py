@@ -53,6 +53,7 @@ from shared_core.xmemory import (
     sparsity_score,
     theme_cohesion,
 )
+from shared_core.xmemory.retrieval import _Relevance, _top_by_relevance
 from tests.openai_server import Reply, openai_server  # noqa: F401
 
 # --------------------------------------------------------------------------- test models
@@ -330,6 +331,20 @@ def test_knn_graph_incremental_equals_rebuild(n, k, ops, seed):
         full = len(g.rows[i]) >= k
         assert g._low[i] == (min(g.rows[i].values()) if full else -np.inf)
     assert all(j in g.rows and u in g.rows[j] for u, js in g._rev.items() for j in js)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rel_ids=st.lists(st.integers(0, 60), unique=True, max_size=30),
+    ask=st.lists(st.integers(0, 70), unique=True, max_size=40),
+    m=st.integers(0, 12),
+    seed=st.integers(0, 10**6),
+)
+def test_top_by_relevance_is_the_sorted_head(rel_ids, ask, m, seed):
+    rng = np.random.default_rng(seed)
+    # few distinct values, so ties (broken by the smaller id) are common
+    rel = _Relevance(np.asarray(rel_ids, dtype=np.int64), rng.integers(0, 4, size=len(rel_ids)) / 4)
+    assert _top_by_relevance(ask, rel, m) == sorted(ask, key=lambda i: (-rel[i], i))[:m]
 
 
 def _evidence_by_loop(mem: XMemory, rel, p: dict) -> tuple[np.ndarray, dict[int, int]]:

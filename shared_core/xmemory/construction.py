@@ -47,7 +47,12 @@ class _XMemoryConstruction(HierarchicalMemory):
 
     # ------------------------------------------------------------------ store helpers
     def _ids_at(self, level: int) -> list[int]:
-        return sorted(i for i, n in self._store.nodes.items() if n.level == level and not n.is_leaf)
+        """Ids of the internal nodes at ``level``, ascending (from the structure arrays)."""
+        if level == MESSAGE:  # missing ids read as level 0 in the arrays
+            return sorted(i for i, n in self._store.nodes.items() if n.level == level and not n.is_leaf)
+        a = self._arrays
+        a.sync(self._store)
+        return np.flatnonzero((a.level == level) & ~a.leaf).tolist()
 
     def _messages(self, ep: int) -> list[Message]:
         st = self._store

@@ -211,6 +211,24 @@ class _Relevance:
         return self.get(nid)
 
 
+def _relevance_of(ids: np.ndarray, rel: _Relevance) -> np.ndarray:
+    """``rel[i]`` for every id (``0.0`` for a node that is not indexed), float64."""
+    rows = rel.rows(ids)
+    return np.where(rows >= 0, rel.r[np.maximum(rows, 0)], 0.0) if len(rel.r) else np.zeros(len(ids))
+
+
+def _top_by_relevance(ids: Sequence[int] | np.ndarray, rel: _Relevance, m: int) -> list[int]:
+    """``sorted(ids, key=lambda i: (-rel[i], i))[:m]``, vectorised (partition, then sort the head)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if not len(ids) or m <= 0:
+        return []
+    neg = -_relevance_of(ids, rel)
+    if len(ids) > m:  # only values at least the m-th best can be in the head (ties kept whole)
+        keep = neg <= np.partition(neg, m - 1)[m - 1]
+        ids, neg = ids[keep], neg[keep]
+    return ids[np.lexsort((ids, neg))[:m]].tolist()
+
+
 class _XMemoryRetrieval(_XMemoryConstruction):
     """The retrieval half of :class:`~shared_core.xmemory.XMemory` (see there)."""
 
@@ -448,7 +466,7 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         d = self._derived()
         if not d.sem_ids:
             return [], []
-        pool = sorted(d.sem_ids, key=lambda s: (-rel[s], s))[: p["semantic_pool"]]
+        pool = _top_by_relevance(d.sem_id_array(), rel, p["semantic_pool"])
         theme_cands = list(dict.fromkeys(st.nodes[s].parent for s in pool if st.nodes[s].parent is not None))
         theme_cands.sort(key=lambda t: (-rel[t], t))
         themes = greedy_representatives(
@@ -490,14 +508,14 @@ class _XMemoryRetrieval(_XMemoryConstruction):
                 if e in st.nodes:
                     parents.setdefault(e, []).append(s)
         episodes = self._ids_at(EPISODE)
-        direct = sorted(episodes, key=lambda e: (-rel[e], e))[: p["episode_pool"]]
+        direct = _top_by_relevance(episodes, rel, p["episode_pool"])
         pool = sorted(set(parents) | set(direct))
         if not pool:
             return []
         v = {e: rel[e] for e in pool}
         lo, hi = min(v.values()), max(v.values())
-        sem_rel = [rel[s] for s in self._derived().sem_ids]
-        s_lo, s_hi = (min(sem_rel), max(sem_rel)) if sem_rel else (0.0, 0.0)
+        sem_rel = _relevance_of(self._derived().sem_id_array(), rel)
+        s_lo, s_hi = (float(sem_rel.min()), float(sem_rel.max())) if len(sem_rel) else (0.0, 0.0)
 
         def u(s: int) -> float:
             return (rel[s] - s_lo) / (s_hi - s_lo) if s_hi > s_lo else 0.5
