@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core.base import count_tokens
+from shared_core.index import inner_products, normalize_rows
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import xmemory as P
 from shared_core.types import (
@@ -419,6 +420,50 @@ def _theme_groups(mem: XMemory) -> list[set[str]]:
     return sorted(
         ({inv[s.nodes[c].text] for c in s.nodes[t].children} for t in levels(mem, 3)), key=lambda g: sorted(g)
     )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(3, 40), pick=st.lists(st.integers(0, 10**6), min_size=3))
+def test_objective_with_a_replacement_equals_the_full_computation(seed, n, pick):
+    """``_objective_with`` (kNN rows + one product per new group) equals Eq. (1)-(3) computed in full."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((5, 8))
+    facts = [f"I noted item {i} in the garden." for i in range(n)]
+    table = {f: centers[i % 5] + 0.6 * rng.standard_normal(8) for i, f in enumerate(facts)}
+    mem = XMemory(embedder=TableEmbedder(table, dim=8), attach_threshold=0.6, split=False, merge=False)
+    for f in facts:
+        mem.add(Message(f))
+        mem.flush()
+    d = mem._derived()
+    themes = levels(mem, 3)
+    members = {t: list(mem._store.nodes[t].children) for t in themes}
+    # a replacement: one theme split into random groups, or two themes merged, or nothing
+    t = themes[pick[0] % len(themes)]
+    if pick[1] % 3 == 0 and len(themes) > 1:
+        u = [x for x in themes if x != t][pick[2] % (len(themes) - 1)]
+        replace = {t: [], u: [members[u] + members[t]]}
+    elif pick[1] % 3 == 1:
+        labels = [pick[(2 + i) % len(pick)] % 3 for i in range(len(members[t]))]
+        replace = {t: [[m for m, lab in zip(members[t], labels) if lab == g] for g in range(3)]}
+    else:
+        replace = {}
+    got = mem._objective_with(d, replace)
+    groups = [members[x] for x in themes if x not in replace]
+    groups += [g for gs in replace.values() for g in gs if g]
+    stats = [mem._stats_of(d, g) for g in groups]
+    sizes, cohs = [k for k, _, _ in stats], np.array([c for _, c, _ in stats])
+    C = normalize_rows(np.stack([mu for _, _, mu in stats]).astype(np.float32))
+    if len(groups) == 1:
+        sem = cohs[0]
+    else:
+        S = inner_products(C, C).astype(np.float64)  # the same similarities, all pairs
+        np.fill_diagonal(S, -np.inf)
+        sem = float((cohs * bell_regularizer(S.max(axis=1), mem.eps)).mean())
+    assert got == pytest.approx(sparsity_score(sizes) + sem, rel=1e-9, abs=1e-12)
+    # and the paper's float64 definition up to float32 similarities
+    labels = [i for i, g in enumerate(groups) for _ in g]
+    X = np.stack([d.sem_vec[m] for g in groups for m in g])
+    assert got == pytest.approx(partition_objective(X, labels, mem.eps), rel=1e-3)
 
 
 def test_split_chooses_the_partition_that_maximises_f():

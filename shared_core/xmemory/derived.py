@@ -20,19 +20,21 @@ from .knn import KNNGraph
 class _Themes(dict):  # type: ignore[type-arg]
     """``theme_stats``: a dict that records which themes were set or removed since the last read.
 
-    ``dirty`` and ``removed`` are read (and reset) by the theme matrix; ``dropped`` collects the removed
-    ids until the theme kNN graph takes them.
+    ``dirty`` and ``removed`` are read (and reset) by the theme matrix; ``changed`` and ``dropped``
+    collect the ids set and removed until the theme kNN graph takes them.
     """
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.dirty: set[int] = set(self)
         self.removed = True
+        self.changed: set[int] = set(self)
         self.dropped: set[int] = set()
 
     def __setitem__(self, key: int, value: Any) -> None:
         super().__setitem__(key, value)
         self.dirty.add(key)
+        self.changed.add(key)
 
     def __delitem__(self, key: int) -> None:
         super().__delitem__(key)
@@ -68,6 +70,8 @@ class _Derived:
     _tpos: dict[int, int] = dataclasses.field(default_factory=dict)
     _tbuf: np.ndarray | None = None
     _tid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _tsize: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    _tcoh: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         self.theme_stats = _Themes(self.theme_stats)
@@ -103,12 +107,18 @@ class _Derived:
         """The theme ids of the last :meth:`theme_matrix` as an ``int64`` array (a view)."""
         return self._tid[: len(self._tids)]
 
+    def theme_sizes_cohesions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sizes and cohesions of the themes of the last :meth:`theme_matrix`, float64 ``(T,)`` each
+        (views, in the same order)."""
+        return self._tsize[: len(self._tids)], self._tcoh[: len(self._tids)]
+
     def theme_matrix(self) -> tuple[list[int], np.ndarray]:
         """Theme ids ascending and their normalised centroids, float32 ``(T, d)``."""
         ts = self.theme_stats
         assert isinstance(ts, _Themes)
         if not ts:
             ts.dirty, ts.removed = set(), True
+            self._tids, self._tpos = [], {}
             return [], np.zeros((0, 1))
         new = sorted(t for t in ts.dirty if t not in self._tpos)
         if ts.removed or self._tbuf is None or (new and self._tids and new[0] < self._tids[-1]):
@@ -118,6 +128,8 @@ class _Derived:
             self._tbuf = grow(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids), minimum=64)
             self._tbuf[: len(ids)] = mat
             self._tid = np.asarray(ids, dtype=np.int64)
+            self._tsize = np.asarray([ts[t][0] for t in ids], dtype=np.float64)
+            self._tcoh = np.asarray([ts[t][1] for t in ids], dtype=np.float64)
         elif ts.dirty:
             self._tid = grow(self._tid, len(self._tids) + len(new), minimum=64)
             for t in new:
@@ -125,8 +137,12 @@ class _Derived:
                 self._tid[len(self._tids)] = t
                 self._tids.append(t)
             self._tbuf = grow(self._tbuf, len(self._tids), minimum=64)
+            self._tsize = grow(self._tsize, len(self._tids), minimum=64)
+            self._tcoh = grow(self._tcoh, len(self._tids), minimum=64)
             rows = sorted(ts.dirty)
             at = [self._tpos[t] for t in rows]
             self._tbuf[at] = normalize_rows(np.stack([ts[t][2] for t in rows]).astype(np.float32))
+            self._tsize[at] = [ts[t][0] for t in rows]
+            self._tcoh[at] = [ts[t][1] for t in rows]
         ts.dirty, ts.removed = set(), False
         return self._tids, self._tbuf[: len(self._tids)]

@@ -43,6 +43,7 @@ class KNNGraph:
         self.rows: dict[int, dict[int, float]] = {}
         self._rev: dict[int, set[int]] = {}  # node id -> the rows that list it
         self._low = np.full(0, np.inf)  # by node id: a full row's smallest, -inf for a short row, inf: none
+        self._high = np.full(0, -np.inf)  # by node id: the row's largest (the nearest), -inf: empty or none
 
     def neighbors(self, nid: int) -> dict[int, float]:
         """Neighbour id -> similarity of ``nid`` (empty when unknown)."""
@@ -57,13 +58,28 @@ class KNNGraph:
         order = np.lexsort((cand_ids, -cand))[: self.k]
         return {int(cand_ids[o]): float(cand[o]) for o in order}
 
+    def nearest(self, ids: np.ndarray) -> np.ndarray:
+        """The similarity of each node's nearest neighbour (its row's largest), float64 ``(len(ids),)``;
+        ``-inf`` for a node without neighbours or without a row.
+
+        Args:
+            ids: node ids, ``int64 (n,)``.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.full(len(ids), -np.inf)
+        ok = ids < len(self._high)
+        out[ok] = self._high[ids[ok]]
+        return out
+
     def _note_low(self, j: int) -> None:
         self._low = grow(self._low, j + 1, np.inf, minimum=64)
+        self._high = grow(self._high, j + 1, -np.inf, minimum=64)
         row = self.rows.get(j)
         if row is None:
-            self._low[j] = np.inf
+            self._low[j], self._high[j] = np.inf, -np.inf
         else:
             self._low[j] = min(row.values()) if len(row) >= self.k else -np.inf
+            self._high[j] = max(row.values()) if row else -np.inf
 
     def _set(self, j: int, row: dict[int, float]) -> None:
         old = self.rows.get(j)
@@ -87,7 +103,8 @@ class KNNGraph:
             mat: their unit vectors, float32 ``(N, d)``.
         """
         ids_arr = np.asarray(ids, dtype=np.int64)
-        self.rows, self._rev, self._low = {}, {}, np.full(0, np.inf)
+        self.rows, self._rev = {}, {}
+        self._low, self._high = np.full(0, np.inf), np.full(0, -np.inf)
         if not len(ids_arr):
             return
         X = np.ascontiguousarray(mat, dtype=np.float32)
