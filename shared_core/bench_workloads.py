@@ -218,7 +218,9 @@ def conversation_run(
 ) -> dict[str, Any]:
     """One memory on one stream: grow to each size, run ``window`` timed turns, then the flat baseline.
 
-    Growth uses batched adds of 500 messages (untimed). A turn is ``add(one message)`` then
+    Growth uses batched adds of 500 messages (untimed) but for the last ``window`` messages before each
+    size, added one ``add`` each back to back and timed (``"insert"``: the insert overhead, as the
+    overhead benchmark measures it, without a query between). A turn is ``add(one message)`` then
     ``retrieve(query, k=10)`` with the default policy and relevance, after one untimed retrieve per size.
     The flat baseline starts from the same ``S`` vectors and runs the same turns: embed + FAISS ``add`` of
     the message, embed + ``search`` of the query. BLAS/FAISS are pinned to one thread.
@@ -230,7 +232,7 @@ def conversation_run(
 
     Returns:
         ``{"memory", "stream", "policy", "relevance", "peak_rss_bytes", "sizes": [{"leaves",
-        "leaves_after", "nodes", "turns", "adds_grown_by_one", "grow_cpu_s", "mean_hits", "memory":
+        "leaves_after", "nodes", "turns", "adds_grown_by_one", "grow_cpu_s", "insert", "mean_hits", "memory":
         {"turn", "add", "query"}, "flat": {"turn", "add", "query"}, "ratio_p50": {"turn", "add",
         "query"}}]}``; each timing is ``{"p50_ms", "p99_ms", "mean_ms"}`` of CPU ms per turn and each ratio
         is the memory's ``p50_ms`` over the flat one's.
@@ -254,11 +256,18 @@ def conversation_run(
         n = 0
         for S in sizes:
             c0 = time.process_time()
-            while n < S:
-                step = min(GROWTH_CHUNK, S - n)
+            while n < S - window:
+                step = min(GROWTH_CHUNK, S - window - n)
                 mem.add(texts[n : n + step])
                 n += step
                 say(label, n, total)
+            ins: list[float] = []
+            while n < S:  # the last messages one add each, back to back: the insert overhead
+                c1 = time.process_time()
+                mem.add(texts[n])
+                ins.append((time.process_time() - c1) * 1e3)
+                n += 1
+            say(label, n, total)
             grow_cpu, start = time.process_time() - c0, len(mem)
             mem.retrieve(_query(rng, table, texts, n, f"{S}:warm"), k=K)
             qs: list[str] = []
@@ -300,6 +309,7 @@ def conversation_run(
                     "turns": len(m_add),
                     "adds_grown_by_one": grown,
                     "grow_cpu_s": grow_cpu,
+                    "insert": _pct(ins),
                     "mean_hits": hits / window,
                     "memory": mine,
                     "flat": flat,
@@ -564,8 +574,8 @@ def run_workloads(
 
 # --------------------------------------------------------------------------- reports
 CONVERSATION_HEADER = (
-    "memory|stream|leaves|nodes|turn p50|turn p99|add p50|add p99|query p50|query p99|flat turn p50|"
-    "flat turn p99|turn / flat (p50)|add / flat|query / flat"
+    "memory|stream|leaves|nodes|insert p50|insert p99|turn p50|turn p99|add p50|add p99|query p50|query p99|"
+    "flat turn p50|flat turn p99|turn / flat (p50)|add / flat|query / flat"
 )
 INGEST_HEADER = (
     "data|memory|annotation vectors|CPU ms/msg|embedding alone ms/msg|x embedding|texts embedded/msg|"
@@ -588,6 +598,7 @@ def conversation_rows(doc: dict[str, Any]) -> list[list[str]]:
                 m, f, q = s["memory"], s["flat"], s["ratio_p50"]
                 rows.append(
                     [kind, stream, _f(s["leaves"]), _f(s["nodes"])]
+                    + [_f(s.get("insert", {}).get(x)) for x in ("p50_ms", "p99_ms")]
                     + [_f(m[p][x]) for p in ("turn", "add", "query") for x in ("p50_ms", "p99_ms")]
                     + [_f(f["turn"]["p50_ms"]), _f(f["turn"]["p99_ms"])]
                     + [_f(q[p], 1) for p in ("turn", "add", "query")]
@@ -633,7 +644,8 @@ def render_workloads_markdown(doc: dict[str, Any]) -> str:
             "",
             "Each turn: one `add` of one message and one `retrieve` with the memory's default policy and "
             "relevance, on stub models (replayed vectors, texts with words). Flat: FAISS `IndexFlatIP` add + "
-            "search at the same size. Ratios are p50 memory / p50 flat.",
+            "search at the same size. Ratios are p50 memory / p50 flat. Insert: the last messages before "
+            "each size, one `add` each back to back (no query between).",
             "",
             *_md_table(CONVERSATION_HEADER, conversation_rows(doc), 2),
         ]

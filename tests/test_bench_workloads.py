@@ -77,6 +77,8 @@ def test_conversation_document(conversation_doc):
                 assert s["turns"] == 5 and s["adds_grown_by_one"] == 5
                 assert s["leaves_after"] == s["leaves"] + 5 and s["nodes"] >= s["leaves_after"]
                 assert 0 < s["mean_hits"] <= 10
+                ins = s["insert"]
+                assert set(ins) == {"p50_ms", "p99_ms", "mean_ms"} and 0 <= ins["p50_ms"] <= ins["p99_ms"]
                 for side in ("memory", "flat"):
                     for t in TIMINGS:
                         v = s[side][t]
