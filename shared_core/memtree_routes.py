@@ -25,6 +25,7 @@ __all__ = ["RouteCache"]
 _ROUTE_CACHE = 4096  # parents whose child matrices are kept (cleared when full)
 _PATCH_MAX = 8  # changed child positions patched in place; more: the matrix is read anew
 _VEC_LOG = 256  # commits remembered for catching a child matrix up; older ones are read anew
+_WALK_MAX = 16  # a route this many commits behind scans its children's last writes instead of the log
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RouteCache:
         self._vec_log: list[tuple[int, list[int]]] = []  # (commit number, ids whose vectors it wrote)
         self._commits = 0
         self._log_floor = 0  # the newest commit dropped from the log
+        self._written_at: dict[int, int] = {}  # node id -> the last commit that wrote its vector
 
     def _child_vectors(self, parent: int, ids: list[int]) -> np.ndarray:
         """Vectors of ``parent``'s children ``ids``, for routing.
@@ -95,12 +97,17 @@ class RouteCache:
             if route.commit == self._commits:
                 return route
             rows: list[tuple[int, int]] = []
-            for commit, written in reversed(self._vec_log):  # newest first, back to the route's commit
-                if commit <= route.commit:
-                    break
-                rows.extend((route.pos[i], i) for i in written if i in route.pos)
-            # every commit since is in the log, and every rewritten child is still indexed
-            if self._log_floor <= route.commit and all(i in index for _, i in rows):
+            if self._commits - route.commit > _WALK_MAX:  # long ago: ask each child when it was written
+                at, since = self._written_at, route.commit
+                rows = [(j, c) for j, c in enumerate(route.children) if at.get(c, -1) > since]
+            else:
+                for commit, written in reversed(self._vec_log):  # newest first, back to the route's commit
+                    if commit <= route.commit:
+                        break
+                    rows.extend((route.pos[i], i) for i in written if i in route.pos)
+            # every commit since is in the log (or in the per-node record), every rewritten child indexed
+            walked = self._commits - route.commit > _WALK_MAX or self._log_floor <= route.commit
+            if walked and all(i in index for _, i in rows):
                 if rows:
                     route.mat[[r for r, _ in rows]] = index.get([i for _, i in rows])
                 route.commit = self._commits
@@ -120,7 +127,12 @@ class RouteCache:
         old = route.children
         if len(ids) < len(old):
             return
-        changed = [j for j in range(len(old)) if old[j] != ids[j]] + list(range(len(old), len(ids)))
+        n = len(old)
+        if ids[:n] == old:  # children appended
+            changed = list(range(n, len(ids)))
+        else:
+            diff = np.flatnonzero(np.asarray(old, dtype=np.int64) != np.asarray(ids[:n], dtype=np.int64))
+            changed = diff.tolist() + list(range(n, len(ids)))
         if len(changed) > _PATCH_MAX or not all(ids[j] in index for j in changed):
             return
         route.mat = grow(route.mat, len(ids))[: len(ids)]
@@ -135,6 +147,8 @@ class RouteCache:
         super()._vectors_written(ids)  # type: ignore[misc]
         self._commits += 1
         if ids:
+            for i in ids:
+                self._written_at[i] = self._commits
             self._vec_log.append((self._commits, list(ids)))
             if len(self._vec_log) > _VEC_LOG:
                 self._log_floor = self._vec_log.pop(0)[0]

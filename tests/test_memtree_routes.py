@@ -51,11 +51,15 @@ OPS = st.lists(
 
 
 @settings(max_examples=30, deadline=None)
-@given(ops=OPS, branching=st.sampled_from([3, 256]), log=st.sampled_from([1, 256]))
-def test_cached_routes_build_the_tree_that_index_reads_build(ops, branching, log, monkeypatch_session):
+@given(
+    ops=OPS, branching=st.sampled_from([3, 256]), log=st.sampled_from([1, 256]), walk=st.sampled_from([0, 16])
+)
+def test_cached_routes_build_the_tree_that_index_reads_build(ops, branching, log, walk, monkeypatch_session):
     # adds of one or several messages, deletes (re-aggregation, expansions undone) and failed adds
-    # (rolled back) in any order; a log of 1 forces re-reads of stale matrices
+    # (rolled back) in any order; a log of 1 forces re-reads of stale matrices, a walk of 0 the scan of
+    # each child's last write instead of the log
     monkeypatch_session.setattr(routes_module, "_VEC_LOG", log)
+    monkeypatch_session.setattr(routes_module, "_WALK_MAX", walk)
     embs = [_FailingOnce(), _FailingOnce()]
     a = MemTree(embedder=embs[0], branching=branching, base_threshold=0.2)
     b = _NoRoutes(embedder=embs[1], branching=branching, base_threshold=0.2)
