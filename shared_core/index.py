@@ -42,7 +42,7 @@ def inner_products(X: np.ndarray, queries: np.ndarray) -> np.ndarray:
 
     Each product is computed by the same routine whatever the batch, so ``ip(x, y)`` is bitwise
     ``ip(y, x)`` and does not depend on where a row sits (what an exact incremental kNN graph needs to
-    equal its rebuild); 2-3x faster than a BLAS ``sgemv`` on this kind of machine.
+    equal its rebuild); 2-3x faster than a single-threaded BLAS ``sgemv`` at 10k-100k rows of 384.
 
     Args:
         X: float32 ``(n, d)`` (converted when it is not C-contiguous float32).

@@ -436,7 +436,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             return sparsity_score(new_sizes) + float(new_cohs[0])
         s = g.nearest(ids)
         gone_set = set(gone)
-        for j in sorted({j for t in gone for j in g._rev.get(t, ())} - gone_set):
+        for j in sorted(set().union(*(g.listed_by(t) for t in gone)) - gone_set):
             row = g.rows[j]
             best = [v for u, v in row.items() if u not in gone_set]
             if best:

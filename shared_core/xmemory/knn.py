@@ -58,6 +58,10 @@ class KNNGraph:
         order = np.lexsort((cand_ids, -cand))[: self.k]
         return {int(cand_ids[o]): float(cand[o]) for o in order}
 
+    def listed_by(self, nid: int) -> set[int]:
+        """The nodes whose rows list ``nid`` (a copy; empty when none)."""
+        return set(self._rev.get(nid, ()))
+
     def nearest(self, ids: np.ndarray) -> np.ndarray:
         """The similarity of each node's nearest neighbour (its row's largest), float64 ``(len(ids),)``;
         ``-inf`` for a node without neighbours or without a row.
