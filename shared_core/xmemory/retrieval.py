@@ -382,16 +382,15 @@ class _XMemoryRetrieval(_XMemoryConstruction):
             score[lp] += we * r[parent[lp]]
         fact = np.zeros(len(score))
         best = np.full(len(score), -1, dtype=np.int64)
-        js, jm = self._fact_pairs(rel)
+        js, jm, starts = self._fact_pairs(rel)
         if len(js):
+            # per message (a run of equal jm): the highest relevance, then the first semantic row
             v = r[js]
-            order = np.lexsort((js, -v, jm))  # per message: the highest relevance, then the first row
-            jm_o = jm[order]
-            first = np.ones(len(order), dtype=bool)
-            first[1:] = jm_o[1:] != jm_o[:-1]
-            sel = order[first]
-            fact[jm[sel]] = v[sel]
-            best[jm[sel]] = js[sel]
+            top = np.maximum.reduceat(v, starts)
+            hit = np.flatnonzero(v == np.repeat(top, np.diff(np.append(starts, len(v)))))
+            msg = jm[starts]
+            fact[msg] = top
+            best[msg] = js[hit[np.searchsorted(hit, starts)]]
         fallback = p["fact_fallback"]
         if wf and (fallback == "always" or (fallback == "budget" and self._max_tokens is not None)):
             for j in np.nonzero(leaves & (best < 0))[0].tolist():
@@ -399,9 +398,10 @@ class _XMemoryRetrieval(_XMemoryConstruction):
                     fact[j] = r[j]
         return score + wf * fact, best
 
-    def _fact_pairs(self, rel: _Relevance) -> tuple[np.ndarray, np.ndarray]:
-        """``(semantic rows, message rows)`` in ``rel.ids`` of every indexed semantic and each indexed
-        message it was distilled from (:meth:`_fact_messages`), in no particular order.
+    def _fact_pairs(self, rel: _Relevance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(semantic rows, message rows, starts)``: the rows in ``rel.ids`` of every indexed semantic
+        and each indexed message it was distilled from (:meth:`_fact_messages`), sorted by message row
+        then semantic row; ``starts`` are the positions where each message's run begins.
 
         Cached per tree version; the (semantic id, message id) pairs behind it are kept across versions.
         A rebuild reads only the new semantics, those whose ``messages`` changed (noted in
@@ -442,7 +442,11 @@ class _XMemoryRetrieval(_XMemoryConstruction):
             psem, pmsg = np.concatenate([psem, add[:, 0]]), np.concatenate([pmsg, add[:, 1]])
         js, jm = rel.rows(psem), rel.rows(pmsg)
         ok = (js >= 0) & (jm >= 0)
-        rows = (js[ok], jm[ok])
+        js, jm = js[ok], jm[ok]
+        order = np.lexsort((js, jm))
+        js, jm = js[order], jm[order]
+        starts = np.flatnonzero(np.append(True, jm[1:] != jm[:-1])) if len(jm) else np.zeros(0, np.int64)
+        rows = (js, jm, starts)
         self._fact_cache = dict(store=st, key=key, sems=sems, sem=psem, msg=pmsg, legacy=legacy, rows=rows)
         return rows
 
