@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .arrays import positions
 from .base import ADMISSIBLE, RELEVANCE_KINDS, HierarchicalMemory, check_choice
 from .hat_agent import (
     ACTIONS,
@@ -665,17 +666,26 @@ class HAT(MemoryAgent, HierarchicalMemory):
         st = self._store
         assert st.root is not None
         nodes = st.nodes
-        score = dict(zip(ids.tolist(), np.asarray(r, dtype=np.float64).tolist()))
+        row = positions(np.asarray(ids, dtype=np.int64))
+        rel = np.asarray(r, dtype=np.float64)
+
+        def ranked(c: list[int]) -> tuple[list[int], list[float]]:
+            """``c`` by relevance (0 for a node without a row), ties by node id."""
+            ca = np.asarray(c, dtype=np.int64)
+            j = np.full(len(ca), -1, dtype=np.int64)
+            inside = ca < len(row)
+            j[inside] = row[ca[inside]]
+            v = np.where(j >= 0, rel[np.maximum(j, 0)] if len(rel) else 0.0, 0.0)
+            order = np.lexsort((ca, -v))
+            return ca[order].tolist(), v[order].tolist()
+
         frontier = [st.root]
         visited = [st.root]
         while nodes[frontier[0]].children:  # every leaf of a HAT is in the bottom layer
-            cands = [c for nid in frontier for c in nodes[nid].children]
-            cands.sort(key=lambda c: (-score.get(c, 0.0), c))
-            frontier = cands[:beam]
+            frontier = ranked([c for nid in frontier for c in nodes[nid].children])[0][:beam]
             visited += frontier
-        pool = frontier if admissible == "leaves" else visited
-        pool.sort(key=lambda c: (-score.get(c, 0.0), c))
-        return [(nid, score.get(nid, 0.0), {"policy": "greedy", "path": self._path(nid)}) for nid in pool]
+        pool, vals = ranked(frontier if admissible == "leaves" else visited)
+        return [(nid, v, {"policy": "greedy", "path": self._path(nid)}) for nid, v in zip(pool, vals)]
 
     def _collapsed(self, q: np.ndarray, k: int) -> list[tuple[int, float, dict[str, Any]]]:
         """Cosine over every node, top ``3k + 8`` (ties by level, then id): the first version's
