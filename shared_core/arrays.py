@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["grow", "positions"]
+__all__ = ["grow", "lookup", "positions"]
 
 
 def grow(a: np.ndarray, need: int, fill: Any = None, minimum: int = 16) -> np.ndarray:
@@ -46,4 +46,22 @@ def positions(ids: np.ndarray, size: int = 0) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.int64)
     out = np.full(max(size, int(ids.max()) + 1 if len(ids) else 0), -1, dtype=np.int64)
     out[ids] = np.arange(len(ids), dtype=np.int64)
+    return out
+
+
+def lookup(table: np.ndarray, keys: np.ndarray, default: Any) -> np.ndarray:
+    """``table[keys]`` for the keys inside the table, ``default`` for the others (negative or too large).
+
+    Args:
+        table: a 1-d array indexed by key (e.g. :func:`positions`' output, or values by node id).
+        keys: integer keys ``(n,)``.
+        default: the value for keys outside ``[0, len(table))``.
+
+    Returns:
+        ``(n,)`` array of ``table``'s dtype.
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    out = np.full(len(keys), default, dtype=table.dtype)
+    inside = (keys >= 0) & (keys < len(table))
+    out[inside] = table[keys[inside]]
     return out

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .arrays import positions
+from .arrays import lookup, positions
 from .base import ADMISSIBLE, RELEVANCE_KINDS, HierarchicalMemory, check_choice
 from .hat_agent import (
     ACTIONS,
@@ -672,9 +672,7 @@ class HAT(MemoryAgent, HierarchicalMemory):
         def ranked(c: list[int]) -> tuple[list[int], list[float]]:
             """``c`` by relevance (0 for a node without a row), ties by node id."""
             ca = np.asarray(c, dtype=np.int64)
-            j = np.full(len(ca), -1, dtype=np.int64)
-            inside = ca < len(row)
-            j[inside] = row[ca[inside]]
+            j = lookup(row, ca, -1)
             v = np.where(j >= 0, rel[np.maximum(j, 0)] if len(rel) else 0.0, 0.0)
             order = np.lexsort((ca, -v))
             return ca[order].tolist(), v[order].tolist()

@@ -97,7 +97,8 @@ class RouteCache:
             if route.commit == self._commits:
                 return route
             rows: list[tuple[int, int]] = []
-            if self._commits - route.commit > _WALK_MAX:  # long ago: ask each child when it was written
+            far = self._commits - route.commit > _WALK_MAX
+            if far:  # long ago: ask each child when it was written
                 at, since = self._written_at, route.commit
                 rows = [(j, c) for j, c in enumerate(route.children) if at.get(c, -1) > since]
             else:
@@ -106,8 +107,7 @@ class RouteCache:
                         break
                     rows.extend((route.pos[i], i) for i in written if i in route.pos)
             # every commit since is in the log (or in the per-node record), every rewritten child indexed
-            walked = self._commits - route.commit > _WALK_MAX or self._log_floor <= route.commit
-            if walked and all(i in index for _, i in rows):
+            if (far or self._log_floor <= route.commit) and all(i in index for _, i in rows):
                 if rows:
                     route.mat[[r for r, _ in rows]] = index.get([i for _, i in rows])
                 route.commit = self._commits

@@ -145,3 +145,12 @@ def test_grow_and_positions():
     p = positions(np.array([5, 2, 9]), size=12)
     assert len(p) == 12 and p[[5, 2, 9]].tolist() == [0, 1, 2] and (p >= 0).sum() == 3
     assert positions(np.zeros(0, np.int64)).shape == (0,)
+
+
+def test_lookup_takes_the_default_outside_the_table():
+    from shared_core.arrays import lookup, positions
+
+    p = positions(np.array([5, 2, 9]))
+    assert lookup(p, np.array([9, 2, 3, 10, -1, 5]), -1).tolist() == [2, 1, -1, -1, -1, 0]
+    assert lookup(np.array([0.5, 1.5]), np.array([1, 7]), -np.inf).tolist() == [1.5, -np.inf]
+    assert lookup(np.zeros(0), np.array([0, 3]), 2.0).tolist() == [2.0, 2.0]

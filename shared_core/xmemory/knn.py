@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..arrays import grow, positions
+from ..arrays import grow, lookup, positions
 from ..index import inner_products
 from ..types import InvalidInputError
 
@@ -69,11 +69,7 @@ class KNNGraph:
         Args:
             ids: node ids, ``int64 (n,)``.
         """
-        ids = np.asarray(ids, dtype=np.int64)
-        out = np.full(len(ids), -np.inf)
-        ok = ids < len(self._high)
-        out[ok] = self._high[ids[ok]]
-        return out
+        return lookup(self._high, ids, -np.inf)
 
     def _note_low(self, j: int) -> None:
         self._low = grow(self._low, j + 1, np.inf, minimum=64)
@@ -109,13 +105,9 @@ class KNNGraph:
         ids_arr = np.asarray(ids, dtype=np.int64)
         self.rows, self._rev = {}, {}
         self._low, self._high = np.full(0, np.inf), np.full(0, -np.inf)
-        if not len(ids_arr):
-            return
-        X = np.ascontiguousarray(mat, dtype=np.float32)
-        for a in range(0, len(ids_arr), 256):
-            S = inner_products(X, X[a : a + 256])
-            for r, j in enumerate(ids_arr[a : a + 256].tolist()):
-                self._set(j, self._row(j, ids_arr, S[r]))
+        if len(ids_arr):
+            X = np.ascontiguousarray(mat, dtype=np.float32)
+            self._recompute(ids_arr.tolist(), ids_arr, X, positions(ids_arr))
 
     def upsert(self, ids: Sequence[int] | np.ndarray, mat: np.ndarray, changed: Iterable[int]) -> None:
         """Add new nodes or update nodes whose vectors changed.
@@ -137,10 +129,8 @@ class KNNGraph:
         redo = set(ch) | {j for c in ch for j in self._rev.get(c, ()) if j < len(inv) and inv[j] >= 0}
         # another row can only gain a changed node whose similarity reaches its smallest (which only
         # grows as nodes enter); rows with fewer than k neighbours take every changed node
-        low = np.full(len(ids_arr), np.inf)
-        known = ids_arr < len(self._low)
-        low[known] = self._low[ids_arr[known]]
-        low[inv[sorted(redo)]] = np.inf
+        low = lookup(self._low, ids_arr, np.inf)
+        low[inv[list(redo)]] = np.inf
         for r in np.nonzero(cross.max(axis=0) >= low)[0].tolist():
             j = int(ids_arr[r])
             row = self.rows[j]
@@ -179,9 +169,10 @@ class KNNGraph:
         self._recompute(sorted(redo), ids_arr, X, positions(ids_arr))
 
     def _recompute(self, which: list[int], ids_arr: np.ndarray, X: np.ndarray, inv: np.ndarray) -> None:
+        """Recompute the rows of ``which`` over every node, 256 rows per product."""
         which = [j for j in which if j < len(inv) and inv[j] >= 0]
-        if not which:
-            return
-        S = inner_products(X, X[inv[which]])
-        for r, j in enumerate(which):
-            self._set(j, self._row(j, ids_arr, S[r]))
+        for a in range(0, len(which), 256):
+            block = which[a : a + 256]
+            S = inner_products(X, X[inv[block]])
+            for r, j in enumerate(block):
+                self._set(j, self._row(j, ids_arr, S[r]))

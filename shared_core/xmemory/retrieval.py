@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import positions
+from ..arrays import lookup, positions
 from ..base import ADMISSIBLE, RELEVANCE_KINDS, check_choice, check_weight
 from ..prompts import xmemory as P
 from ..types import Hit, InvalidInputError, check_finite
@@ -196,11 +196,7 @@ class _Relevance:
 
     def rows(self, nids: np.ndarray) -> np.ndarray:
         """Positions in ``ids`` of the node ids ``nids`` (``-1`` for a node that is not indexed)."""
-        nids = np.asarray(nids, dtype=np.int64)
-        out = np.full(len(nids), -1, dtype=np.int64)
-        ok = (nids >= 0) & (nids < len(self.row))
-        out[ok] = self.row[nids[ok]]
-        return out
+        return lookup(self.row, nids, -1)
 
     def get(self, nid: int, default: float = 0.0) -> float:
         nid = int(nid)
