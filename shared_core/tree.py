@@ -191,6 +191,10 @@ class NodeStore:
                 del self.source_at[key:]
             elif op == "srcat-":
                 self.source_at[key] = val
+            elif op == "kid+":
+                del key[val]
+            elif op == "kid-":
+                key.insert(*val)
         assert self._saved_scalars is not None
         self.root, self.next_id, self.n_inserted = self._saved_scalars
         self._tx = False
@@ -216,7 +220,9 @@ class NodeStore:
         node = self.get(nid)
         self._since.add(nid)
         if self._tx and nid not in self._saved:
-            self._saved[nid] = node.copy()
+            # the saved state shares the child list: its changes are journaled ("kid+" / "kid-") and
+            # undone in place by a rollback, so a node with many children is not copied per transaction
+            self._saved[nid] = replace(node, data=dict(node.data))
         return node
 
     # ------------------------------------------------------------------ reading
@@ -376,6 +382,8 @@ class NodeStore:
             p.children.append(child)
         else:
             p.children.insert(index, child)
+        if self._tx:
+            self._journal.append(("kid+", p.children, len(p.children) - 1 if index is None else index))
         c.parent = parent
 
     def detach(self, child: int) -> None:
@@ -386,10 +394,12 @@ class NodeStore:
             kids = p.children
             for i in range(len(kids) - 1, max(len(kids) - 9, -1), -1):  # recent children sit at the end
                 if kids[i] == child:
-                    del kids[i]
                     break
             else:
-                kids.remove(child)
+                i = kids.index(child)
+            del kids[i]
+            if self._tx:
+                self._journal.append(("kid-", kids, (i, child)))
             c.parent = None
 
     def delete_node(self, nid: int) -> None:

@@ -185,10 +185,33 @@ def check_invariants(mem: XMemory) -> None:
         assert sorted(d.sem_id_array().tolist()) == sorted(sems)
         tids, tmat = d.theme_matrix()
         assert d.theme_id_array().tolist() == tids == sorted(levels(mem, 3))
-        for graph, ids, mat in ((d.sem_graph, d.sem_id_array(), d.sem_matrix()), (d.theme_graph, tids, tmat)):
+        graphs = (
+            (d.sem_graph, d.sem_id_array(), d.sem_matrix(), d.sem_search),
+            (d.theme_graph, tids, tmat, d.theme_search),
+        )
+        for graph, ids, mat, search in graphs:
+            if search.used:  # rows from candidates: valid rows of the current nodes, exact similarities
+                check_candidate_rows(graph, ids, mat)
+                continue
             ref = KNNGraph(graph.k)
             ref.rebuild(ids, mat)
             assert graph.rows == ref.rows
+
+
+def check_candidate_rows(graph: KNNGraph, ids, mat) -> None:
+    """A kNN graph maintained from candidates: a row per node, at most k other current nodes each, with
+    bitwise the similarities a full product gives, and the reverse links and row bounds to match."""
+    ids = [int(i) for i in ids]
+    pos = {i: j for j, i in enumerate(ids)}
+    full = inner_products(np.asarray(mat, dtype=np.float32), np.asarray(mat, dtype=np.float32))
+    assert set(graph.rows) == set(ids)
+    for i in ids:
+        row = graph.rows[i]
+        assert len(row) <= graph.k and i not in row and set(row) <= set(pos)
+        assert all(s == full[pos[i], pos[u]] for u, s in row.items())
+        assert all(i in graph._rev[u] for u in row)
+        assert graph._low[i] == (min(row.values()) if len(row) >= graph.k else -np.inf)
+    assert all(j in graph.rows and u in graph.rows[j] for u, js in graph._rev.items() for j in js)
 
 
 # --------------------------------------------------------------------------- Eq. 1-3 by hand
@@ -332,6 +355,73 @@ def test_knn_graph_incremental_equals_rebuild(n, k, ops, seed):
         full = len(g.rows[i]) >= k
         assert g._low[i] == (min(g.rows[i].values()) if full else -np.inf)
     assert all(j in g.rows and u in g.rows[j] for u, js in g._rev.items() for j in js)
+
+
+def _brute_search(vecs: dict, limit: int | None):
+    """A candidate search over ``vecs`` by exact similarity: the ``limit`` nearest (all when ``None``)."""
+
+    def search(Q, k):
+        keys = np.asarray(sorted(vecs), dtype=np.int64)
+        M = np.stack([vecs[i] for i in keys.tolist()])
+        M = (M / np.linalg.norm(M, axis=1, keepdims=True)).astype(np.float32)
+        S = inner_products(M, np.asarray(Q, dtype=np.float32).reshape(-1, M.shape[1]))
+        order = np.argsort(-S, axis=1, kind="stable")
+        return keys[order if limit is None else order[:, :limit]]
+
+    return search
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(2, 25),
+    k=st.integers(1, 5),
+    ops=st.lists(st.tuples(st.sampled_from(["add", "move", "drop"]), st.integers(0, 10**6)), max_size=12),
+    seed=st.integers(0, 10**6),
+    limited=st.booleans(),
+)
+def test_knn_graph_from_candidates(n, k, ops, seed, limited):
+    """Candidate mode: given every node as a candidate it equals the exact rebuild; given only each
+    node's 2k + 1 nearest, every row is still a valid row (current nodes, exact similarities, links),
+    and the rows of the nodes just changed are exact."""
+    rng = np.random.default_rng(seed)
+    vecs = {i: rng.standard_normal(6) for i in range(n)}
+
+    def mat(ids):
+        M = np.stack([vecs[i] for i in ids])
+        return M / np.linalg.norm(M, axis=1, keepdims=True)
+
+    search = _brute_search(vecs, 2 * k + 1 if limited else None)
+    g = KNNGraph(k)
+    ids = sorted(vecs)
+    g.rebuild(ids, mat(ids), search)
+    nxt = n
+    for op, r in ops:
+        ids = sorted(vecs)
+        changed = []
+        if op == "add":
+            vecs[nxt] = rng.standard_normal(6)
+            ids = sorted(vecs)
+            changed = [nxt]
+            g.upsert(ids, mat(ids), changed, search)
+            nxt += 1
+        elif op == "move":
+            changed = [ids[r % len(ids)]]
+            vecs[changed[0]] = rng.standard_normal(6)
+            g.upsert(ids, mat(ids), changed, search)
+        elif len(ids) > 2:
+            j = ids[r % len(ids)]
+            del vecs[j]
+            ids = sorted(vecs)
+            g.remove([j], ids, mat(ids), search)
+        ref = KNNGraph(k)
+        ref.rebuild(ids, mat(ids))
+        assert all(g.rows[c] == ref.rows[c] for c in changed)
+    ids = sorted(vecs)
+    check_candidate_rows(g, ids, mat(ids))
+    if not limited:
+        ref = KNNGraph(k)
+        ref.rebuild(ids, mat(ids))
+        assert g.rows == ref.rows
 
 
 @settings(max_examples=50, deadline=None)
@@ -693,6 +783,7 @@ def test_a_save_from_before_the_retrieval_options_loads_with_the_paper_retrieval
     # the options it had keep their values; the new ones take the paper's retrieval; min_gain is gone
     assert (old.default_policy, old.relevance_kind, old.admissible) == ("adaptive", "dense", "all")
     assert old.coverage == 0.8 and old.fact_weight == 0.0 and old.tolerance == 0.4
+    assert old.exact_search_max is None  # its construction stays exhaustive at any size
     assert "min_gain" not in old.to_dict()["config"] and old.to_dict()["config"]["policy"] == "adaptive"
     hits = old.retrieve("bees in the garden")
     assert old.last_trace["policy"] == "adaptive" and old.last_trace["relevance"] == "dense"
@@ -994,9 +1085,16 @@ WORDS = ["garden", "bees", "honey", "chess", "cup", "trip", "paris", "train", "d
     cuts=st.lists(st.integers(1, 6), max_size=10),
     flush=st.booleans(),
     delete=st.integers(-1, 30),
+    exact_max=st.sampled_from([None, 2]),
 )
-def test_every_message_is_in_exactly_one_contiguous_episode(msgs, cuts, flush, delete):
-    mem = XMemory(embedder=BowEmbedder(), max_episode_messages=3, drift_threshold=0.3, theme_size_cap=3)
+def test_every_message_is_in_exactly_one_contiguous_episode(msgs, cuts, flush, delete, exact_max):
+    mem = XMemory(
+        embedder=BowEmbedder(),
+        max_episode_messages=3,
+        drift_threshold=0.3,
+        theme_size_cap=3,
+        exact_search_max=exact_max,
+    )
     t = 0
     items = []
     for words, gap in msgs:

@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from ..ann import NeighbourSearch
 from ..base import HierarchicalMemory
 from ..index import inner_products, normalize_rows
 from ..models.parsing import complete_parsed, parse_json_object
 from ..prompts import xmemory as P
 from ..types import AddReport, InvalidInputError, Message, MessageLike, Usage, as_messages, check_finite
 from .derived import _Derived, _Themes
-from .knn import KNNGraph
+from .knn import KNNGraph, Search
 from .objective import bell_regularizer, candidate_splits, sparsity_score, theme_cohesion
 from .rules import central_facts, extract_facts_rule, parse_timestamp, render_messages
 
@@ -93,16 +94,24 @@ class _XMemoryConstruction(HierarchicalMemory):
             sem_vec.update(zip(stored, np.asarray(self._index.get(stored), dtype=np.float32)))
         for i in fresh:
             sem_vec[i] = np.asarray(self._vector(i), dtype=np.float32)
-        d = _Derived(sem_ids, sem_vec, {}, KNNGraph(self.knn_k), KNNGraph(self.knn_k))
+        d = _Derived(
+            sem_ids,
+            sem_vec,
+            {},
+            KNNGraph(self.knn_k),
+            KNNGraph(self.knn_k),
+            sem_search=NeighbourSearch(self.exact_search_max),
+            theme_search=NeighbourSearch(self.exact_search_max),
+        )
         for t in self._ids_at(THEME):
             members = [c for c in st.nodes[t].children if c in sem_vec]
             if members:
                 d.theme_stats[t] = self._stats_of(d, members)
         if sem_ids:
-            d.sem_graph.rebuild(d.sem_id_array(), d.sem_matrix())
+            d.sem_graph.rebuild(d.sem_id_array(), d.sem_matrix(), d.sem_searcher())
         tids, tmat = d.theme_matrix()
         if tids:
-            d.theme_graph.rebuild(tids, tmat)
+            d.theme_graph.rebuild(tids, tmat, d.theme_searcher())
         ts = d.theme_stats
         assert isinstance(ts, _Themes)
         ts.changed, ts.dropped = set(), set()  # the theme graph is exact
@@ -349,7 +358,12 @@ class _XMemoryConstruction(HierarchicalMemory):
         merged = 0
         for (text, _, sources), v in zip(facts, vecs):
             target = None
-            if d.sem_ids:
+            search = d.sem_searcher()
+            if search is not None:
+                best = _nearest_candidate(search, v, d.sem_vec.__getitem__)
+                if best is not None and best[1] >= self.dedup_threshold:
+                    target = best[0]
+            elif d.sem_ids:
                 sims = inner_products(d.sem_matrix(), v)
                 j = int(np.argmax(sims))
                 if float(sims[j]) >= self.dedup_threshold:
@@ -378,15 +392,20 @@ class _XMemoryConstruction(HierarchicalMemory):
             linked.append(node.id)
             self._count("semantics_created")
         if created:
-            d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created)
+            d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created, d.sem_searcher())
         return linked, created, merged
 
     def _attach_to_theme(self, sid: int, d: _Derived) -> int:
         st = self._store
         v = d.sem_vec[sid]
+        search = d.theme_searcher()
         tids, tmat = d.theme_matrix()
         target = None
-        if tids:
+        if search is not None:
+            best = _nearest_candidate(search, v, lambda t: tmat[d._tpos[t]])
+            if best is not None and best[1] >= self.attach_threshold:
+                target = best[0]
+        elif tids:
             sims = inner_products(tmat, v)
             j = int(np.argmax(sims))
             if float(sims[j]) >= self.attach_threshold:
@@ -401,6 +420,7 @@ class _XMemoryConstruction(HierarchicalMemory):
 
     def _sync_theme_graph(self, d: _Derived) -> tuple[list[int], np.ndarray]:
         """Bring the theme kNN graph up to date with ``theme_stats``; returns ``d.theme_matrix()``."""
+        search = d.theme_searcher()
         tids, tmat = d.theme_matrix()
         ts = d.theme_stats
         assert isinstance(ts, _Themes)
@@ -408,9 +428,9 @@ class _XMemoryConstruction(HierarchicalMemory):
         live = sorted(t for t in ts.changed if t in ts)
         ts.changed, ts.dropped = set(), set()
         if gone:
-            d.theme_graph.remove(gone, d.theme_id_array(), tmat)
+            d.theme_graph.remove(gone, d.theme_id_array(), tmat, search)
         if live:
-            d.theme_graph.upsert(d.theme_id_array(), tmat, live)
+            d.theme_graph.upsert(d.theme_id_array(), tmat, live, search)
         return tids, tmat
 
     def _objective_with(self, d: _Derived, replace: Mapping[int, list[list[int]]]) -> float:
@@ -420,9 +440,12 @@ class _XMemoryConstruction(HierarchicalMemory):
         similarity ``s_k`` comes from the theme kNN graph (the best entry of its row that is not
         replaced, recomputed when the row holds none) and from the new groups' centroids (one product
         of the groups against every theme); similarities are the graph's (float32 inner products of the
-        normalised centroids). O(T d) per call instead of O(T^2 d).
+        normalised centroids). O(T d) per call instead of O(T^2 d). Above ``exact_search_max`` themes the
+        nearest themes of a group (and of a row whose listed neighbours are all replaced) are found
+        among the theme search's candidates.
         """
         tids, tmat = self._sync_theme_graph(d)
+        search = d.theme_searcher()
         g = d.theme_graph
         ids = d.theme_id_array()
         sizes, cohs = d.theme_sizes_cohesions()
@@ -441,6 +464,8 @@ class _XMemoryConstruction(HierarchicalMemory):
             best = [v for u, v in row.items() if u not in gone_set]
             if best:
                 s[d._tpos[j]] = max(best)
+            elif search is not None and (got := self._best_kept(d, search, tmat[d._tpos[j]], keep, j)):
+                s[d._tpos[j]] = got[0]
             elif keep.sum() > 1:  # every listed neighbour is replaced: the best of the others
                 others = keep.copy()
                 others[d._tpos[j]] = False
@@ -450,10 +475,19 @@ class _XMemoryConstruction(HierarchicalMemory):
         s_keep = s[keep]
         if stats:
             G = normalize_rows(np.stack([mu for _, _, mu in stats]).astype(np.float32))
-            cross = inner_products(tmat[keep], G) if keep.any() else np.zeros((len(G), 0), np.float32)
-            if cross.shape[1]:
-                s_keep = np.maximum(s_keep, cross.max(axis=0))
-            s_new = cross.max(axis=1).astype(np.float64) if cross.shape[1] else np.full(len(G), -np.inf)
+            if search is not None:  # each group against its candidates among the kept themes
+                s_new = np.full(len(G), -np.inf)
+                for gi in range(len(G)):
+                    got = self._best_kept(d, search, G[gi], keep, None)
+                    if got:
+                        s_new[gi], (pos, sims) = got[0], got[1]
+                        s[pos] = np.maximum(s[pos], sims)
+                s_keep = s[keep]
+            else:
+                cross = inner_products(tmat[keep], G) if keep.any() else np.zeros((len(G), 0), np.float32)
+                if cross.shape[1]:
+                    s_keep = np.maximum(s_keep, cross.max(axis=0))
+                s_new = cross.max(axis=1).astype(np.float64) if cross.shape[1] else np.full(len(G), -np.inf)
             if len(G) > 1:
                 GG = inner_products(G, G).astype(np.float64)
                 np.fill_diagonal(GG, -np.inf)
@@ -461,6 +495,22 @@ class _XMemoryConstruction(HierarchicalMemory):
             s_keep = np.concatenate([s_keep, s_new])
         sem = float((new_cohs * bell_regularizer(s_keep, self.eps)).mean())
         return sparsity_score(new_sizes) + sem
+
+    def _best_kept(
+        self, d: _Derived, search: Search, v: np.ndarray, keep: np.ndarray, skip: int | None
+    ) -> tuple[float, tuple[np.ndarray, np.ndarray]] | None:
+        """Among the theme search's candidates for ``v``: the kept themes (``keep`` by position, ``skip``
+        left out), as ``(best similarity, (positions, similarities))``, or ``None`` when none is kept."""
+        cand = search(v, 2 * self.knn_k + 1)[0]
+        pos = np.asarray(
+            [d._tpos[int(c)] for c in cand if c >= 0 and c != skip and int(c) in d._tpos], dtype=np.int64
+        )
+        pos = pos[keep[pos]]
+        if not len(pos):
+            return None
+        _, tmat = d.theme_matrix()
+        sims = inner_products(tmat[pos], v).astype(np.float64)
+        return float(sims.max()), (pos, sims)
 
     def _restructure(self, touched: set[int], usage: Usage) -> set[int]:
         """Split overcrowded and merge tiny themes among ``touched``; return every theme left touched."""
@@ -514,21 +564,31 @@ class _XMemoryConstruction(HierarchicalMemory):
 
     def _choose_merge(self, t: int, d: _Derived) -> int | None:
         st = self._store
+        search = d.theme_searcher()
         tids, tmat = d.theme_matrix()
         if len(tids) < 2:
             return None
         me = d._tpos[t]
-        sims = inner_products(tmat, tmat[me])
-        sims[me] = -np.inf
-        neg, m = -sims, self.merge_candidates
-        # the m most similar, ties by position: a stable sort of those at least the m-th best
-        head = np.nonzero(neg <= np.partition(neg, m - 1)[m - 1])[0] if len(neg) > m else np.arange(len(neg))
-        order = [int(j) for j in head[np.argsort(neg[head], kind="stable")][:m]]
+        m = self.merge_candidates
+        if search is not None:  # the m most similar candidates, ties by position
+            got = self._best_kept(d, search, tmat[me], np.ones(len(tids), dtype=bool), t)
+            pos, psims = got[1] if got else (np.zeros(0, dtype=np.int64), np.zeros(0))
+            top = np.lexsort((pos, -psims))[:m]
+            pairs = [(int(pos[i]), float(psims[i])) for i in top]
+        else:
+            sims = inner_products(tmat, tmat[me])
+            sims[me] = -np.inf
+            neg = -sims
+            # the m most similar, ties by position: a stable sort of those at least the m-th best
+            head = (
+                np.nonzero(neg <= np.partition(neg, m - 1)[m - 1])[0] if len(neg) > m else np.arange(len(neg))
+            )
+            pairs = [(int(j), float(sims[j])) for j in head[np.argsort(neg[head], kind="stable")][:m]]
         n_t = len(st.nodes[t].children)
         best, best_f = None, -math.inf
-        for j in order:
+        for j, sim in pairs:
             u = tids[j]
-            if float(sims[j]) < self.merge_threshold:
+            if sim < self.merge_threshold:
                 continue
             if n_t + len(st.nodes[u].children) > self.theme_size_cap:
                 continue
@@ -741,3 +801,17 @@ def _cosine(x: Any, name: str) -> float:
     if not -1.0 <= v <= 1.0:
         raise InvalidInputError(f"{name} is a cosine and must be in [-1, 1], got {v}.")
     return v
+
+
+def _nearest_candidate(
+    search: Search, v: np.ndarray, vector_of: Any, k: int = 16
+) -> tuple[int, float] | None:
+    """The most similar of ``search``'s ``k`` candidates for ``v`` (exact similarity; ties: the smaller
+    id) as ``(id, similarity)``, or ``None`` when there is no candidate. ``vector_of(id)`` gives a
+    candidate's unit vector."""
+    cand = [int(c) for c in search(v, k)[0] if c >= 0]
+    if not cand:
+        return None
+    sims = inner_products(np.stack([vector_of(c) for c in cand]), v)
+    j = int(np.lexsort((np.asarray(cand), -sims))[0])
+    return cand[j], float(sims[j])

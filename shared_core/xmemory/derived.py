@@ -12,16 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from ..ann import NeighbourSearch
 from ..arrays import grow
 from ..index import normalize_rows
-from .knn import KNNGraph
+from .knn import KNNGraph, Search
 
 
 class _Themes(dict):  # type: ignore[type-arg]
     """``theme_stats``: a dict that records which themes were set or removed since the last read.
 
     ``dirty`` and ``removed`` are read (and reset) by the theme matrix; ``changed`` and ``dropped``
-    collect the ids set and removed until the theme kNN graph takes them.
+    collect the ids set and removed until the theme kNN graph takes them; ``searched`` and ``unsearched``
+    the same until the theme neighbour search takes them.
     """
 
     def __init__(self, *args: Any) -> None:
@@ -30,21 +32,26 @@ class _Themes(dict):  # type: ignore[type-arg]
         self.removed = True
         self.changed: set[int] = set(self)
         self.dropped: set[int] = set()
+        self.searched: set[int] = set(self)
+        self.unsearched: set[int] = set()
 
     def __setitem__(self, key: int, value: Any) -> None:
         super().__setitem__(key, value)
         self.dirty.add(key)
         self.changed.add(key)
+        self.searched.add(key)
 
     def __delitem__(self, key: int) -> None:
         super().__delitem__(key)
         self.removed = True
         self.dropped.add(key)
+        self.unsearched.add(key)
 
     def pop(self, key: int, *default: Any) -> Any:
         if key in self:
             self.removed = True
             self.dropped.add(key)
+            self.unsearched.add(key)
         return super().pop(key, *default)
 
 
@@ -56,6 +63,11 @@ class _Derived:
     normalised theme centroid matrix is updated row by row as ``theme_stats`` changes (rebuilt after a
     theme is removed or when a theme id comes before an existing one). The arrays they return are views
     that later updates change: read them before the next change.
+
+    ``sem_search`` and ``theme_search`` find nearest-neighbour candidates once a set outgrows their
+    ``exact_max`` (:class:`~shared_core.ann.NeighbourSearch`); :meth:`sem_searcher` /
+    :meth:`theme_searcher` bring them up to date and return their search, or ``None`` while the set is
+    scanned exhaustively.
     """
 
     sem_ids: list[int]
@@ -72,6 +84,9 @@ class _Derived:
     _tid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _tsize: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     _tcoh: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    sem_search: NeighbourSearch = dataclasses.field(default_factory=lambda: NeighbourSearch(None))
+    theme_search: NeighbourSearch = dataclasses.field(default_factory=lambda: NeighbourSearch(None))
+    _searched_n: int = 0  # semantics the semantic search holds (a prefix of sem_ids)
 
     def __post_init__(self) -> None:
         self.theme_stats = _Themes(self.theme_stats)
@@ -146,3 +161,30 @@ class _Derived:
             self._tcoh[at] = [ts[t][1] for t in rows]
         ts.dirty, ts.removed = set(), False
         return self._tids, self._tbuf[: len(self._tids)]
+
+    def sem_searcher(self) -> Search | None:
+        """The semantic neighbour search, holding every current semantic, or ``None`` (exhaustive)."""
+        n = len(self.sem_ids)
+        ns = self.sem_search
+        if ns.due(n):
+            ns.reset(self.sem_id_array(), self.sem_matrix())
+        elif not ns.exhaustive and n > self._searched_n:
+            ns.upsert(self.sem_id_array()[self._searched_n :], self.sem_matrix()[self._searched_n :])
+        self._searched_n = n
+        return None if ns.exhaustive else ns.search
+
+    def theme_searcher(self) -> Search | None:
+        """The theme neighbour search, holding every current theme centroid, or ``None`` (exhaustive)."""
+        tids, tmat = self.theme_matrix()
+        ts = self.theme_stats
+        assert isinstance(ts, _Themes)
+        ns = self.theme_search
+        if ns.due(len(tids)):
+            ns.reset(self.theme_id_array(), tmat)
+        elif not ns.exhaustive:
+            ns.remove(sorted(t for t in ts.unsearched if t not in ts))
+            live = sorted(t for t in ts.searched if t in ts)
+            if live:
+                ns.upsert(live, tmat[[self._tpos[t] for t in live]])
+        ts.searched, ts.unsearched = set(), set()
+        return None if ns.exhaustive else ns.search

@@ -1,4 +1,4 @@
-"""An exact k-nearest-neighbour graph over unit vectors, maintained incrementally.
+"""A k-nearest-neighbour graph over unit vectors, maintained incrementally (exact, or from candidates).
 
 References:
     xMemory Sec. 3.2 "kNN graph for high-level navigation".
@@ -6,7 +6,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -14,7 +14,10 @@ from ..arrays import grow, lookup, positions
 from ..index import inner_products
 from ..types import InvalidInputError
 
-__all__ = ["KNNGraph"]
+__all__ = ["KNNGraph", "Search"]
+
+#: candidate search: ``search(queries float32 (q, d), k) -> int64 ids (q, k)``, ``-1`` padded
+Search = Callable[[np.ndarray, int], np.ndarray]
 
 
 class KNNGraph:
@@ -28,6 +31,12 @@ class KNNGraph:
     rows, instead of the O(N^2) rebuild. Similarities are float32 inner products computed pair by pair
     by one kernel (:func:`~shared_core.index.inner_products`), so an update and a rebuild see bitwise the
     same values.
+
+    With a candidate ``search`` (e.g. :meth:`~shared_core.ann.NeighbourSearch.search`), every method
+    looks at ``2k`` candidates per row instead of every node: a changed node's row is the best of its
+    candidates, the rows that may gain it are its candidates', and recomputed rows are their candidates'
+    best. Similarities stay exact; which nodes are considered is approximate (an approximate kNN graph
+    in the manner of HNSW's neighbour updates). The ``search`` must already hold the current vectors.
 
     Args:
         k: neighbours per node, default 10.
@@ -95,21 +104,28 @@ class KNNGraph:
             self._rev.get(u, set()).discard(j)
         self._note_low(j)
 
-    def rebuild(self, ids: Sequence[int] | np.ndarray, mat: np.ndarray) -> None:
+    def rebuild(self, ids: Sequence[int] | np.ndarray, mat: np.ndarray, search: Search | None = None) -> None:
         """Recompute every row from scratch.
 
         Args:
             ids: node ids (length N).
             mat: their unit vectors, float32 ``(N, d)``.
+            search: candidate search over these vectors, or ``None`` (exact).
         """
         ids_arr = np.asarray(ids, dtype=np.int64)
         self.rows, self._rev = {}, {}
         self._low, self._high = np.full(0, np.inf), np.full(0, -np.inf)
         if len(ids_arr):
             X = np.ascontiguousarray(mat, dtype=np.float32)
-            self._recompute(ids_arr.tolist(), ids_arr, X, positions(ids_arr))
+            self._recompute(ids_arr.tolist(), ids_arr, X, positions(ids_arr), search)
 
-    def upsert(self, ids: Sequence[int] | np.ndarray, mat: np.ndarray, changed: Iterable[int]) -> None:
+    def upsert(
+        self,
+        ids: Sequence[int] | np.ndarray,
+        mat: np.ndarray,
+        changed: Iterable[int],
+        search: Search | None = None,
+    ) -> None:
         """Add new nodes or update nodes whose vectors changed.
 
         Args:
@@ -117,6 +133,7 @@ class KNNGraph:
                 avoids a conversion per call.
             mat: their unit vectors, float32 ``(N, d)``, in the order of ``ids``.
             changed: ids (within ``ids``) that are new or whose vector changed.
+            search: candidate search over the current vectors, or ``None`` (exact: every node).
         """
         ids_arr = np.asarray(ids, dtype=np.int64)
         inv = positions(ids_arr)
@@ -124,41 +141,86 @@ class KNNGraph:
         if not ch:
             return
         X = np.ascontiguousarray(mat, dtype=np.float32)
-        cross = inner_products(X, X[inv[ch]])  # (|ch|, N)
         # rows that list a changed node are recomputed
         redo = set(ch) | {j for c in ch for j in self._rev.get(c, ()) if j < len(inv) and inv[j] >= 0}
+        if search is not None:
+            self._upsert_candidates(ch, redo, ids_arr, X, inv, search)
+            return
+        cross = inner_products(X, X[inv[ch]])  # (|ch|, N)
         # another row can only gain a changed node whose similarity reaches its smallest (which only
         # grows as nodes enter); rows with fewer than k neighbours take every changed node
         low = lookup(self._low, ids_arr, np.inf)
         low[inv[list(redo)]] = np.inf
         for r in np.nonzero(cross.max(axis=0) >= low)[0].tolist():
             j = int(ids_arr[r])
-            row = self.rows[j]
             for ci, c in enumerate(ch):
-                s = float(cross[ci, r])
-                if len(row) < self.k:
-                    row[c] = s
-                    self._rev.setdefault(c, set()).add(j)
-                    continue
-                worst = min(row.items(), key=lambda kv: (kv[1], -kv[0]))
-                if (s, -c) > (worst[1], -worst[0]):
-                    del row[worst[0]]
-                    self._rev.get(worst[0], set()).discard(j)
-                    row[c] = s
-                    self._rev.setdefault(c, set()).add(j)
+                self._offer(j, c, float(cross[ci, r]))
             self._note_low(j)
         # a changed node's own row is its column of the cross product (ip is symmetric bitwise)
         for ci, c in enumerate(ch):
             self._set(c, self._row(c, ids_arr, cross[ci]))
         self._recompute(sorted(redo - set(ch)), ids_arr, X, inv)
 
-    def remove(self, removed: Iterable[int], ids: Sequence[int] | np.ndarray, mat: np.ndarray) -> None:
+    def _offer(self, j: int, c: int, s: float) -> None:
+        """Put ``c`` (similarity ``s``) in row ``j`` if it has room or ``c`` beats its worst entry."""
+        row = self.rows[j]
+        if len(row) < self.k:
+            row[c] = s
+            self._rev.setdefault(c, set()).add(j)
+            return
+        worst = min(row.items(), key=lambda kv: (kv[1], -kv[0]))
+        if (s, -c) > (worst[1], -worst[0]):
+            del row[worst[0]]
+            self._rev.get(worst[0], set()).discard(j)
+            row[c] = s
+            self._rev.setdefault(c, set()).add(j)
+
+    def _candidates(
+        self, which: list[int], ids_arr: np.ndarray, X: np.ndarray, inv: np.ndarray, search: Search
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per node of ``which``: its candidate ids (itself and unknown ids left out) and the exact
+        similarities to them."""
+        found = search(X[inv[which]], 2 * self.k + 1)
+        out = []
+        for j, cand in zip(which, found):
+            cand = cand[(cand >= 0) & (cand != j) & (cand < len(inv))]
+            cand = cand[inv[cand] >= 0]
+            out.append((cand, inner_products(X[inv[cand]], X[inv[j]]) if len(cand) else np.zeros(0)))
+        return out
+
+    def _upsert_candidates(
+        self,
+        ch: list[int],
+        redo: set[int],
+        ids_arr: np.ndarray,
+        X: np.ndarray,
+        inv: np.ndarray,
+        search: Search,
+    ) -> None:
+        """:meth:`upsert` over candidates: a changed node's row from its candidates, which may gain it."""
+        for c, (cand, sims) in zip(ch, self._candidates(ch, ids_arr, X, inv, search)):
+            self._set(c, self._row(c, cand, sims))
+            for j, s in zip(cand.tolist(), sims.tolist()):
+                if j in redo or j not in self.rows:
+                    continue
+                self._offer(j, c, s)
+                self._note_low(j)
+        self._recompute(sorted(redo - set(ch)), ids_arr, X, inv, search)
+
+    def remove(
+        self,
+        removed: Iterable[int],
+        ids: Sequence[int] | np.ndarray,
+        mat: np.ndarray,
+        search: Search | None = None,
+    ) -> None:
         """Remove nodes; rows that listed one of them are recomputed over the remaining nodes.
 
         Args:
             removed: ids to drop.
             ids: the remaining node ids (an ``int64`` array avoids a conversion).
             mat: their unit vectors, float32 ``(len(ids), d)``.
+            search: candidate search over the remaining vectors, or ``None`` (exact).
         """
         gone = {int(g) for g in removed}
         for g in gone:
@@ -166,13 +228,24 @@ class KNNGraph:
         ids_arr = np.asarray(ids, dtype=np.int64)
         redo = {j for g in gone for j in self._rev.pop(g, ())} - gone
         X = np.ascontiguousarray(mat, dtype=np.float32)
-        self._recompute(sorted(redo), ids_arr, X, positions(ids_arr))
+        self._recompute(sorted(redo), ids_arr, X, positions(ids_arr), search)
 
-    def _recompute(self, which: list[int], ids_arr: np.ndarray, X: np.ndarray, inv: np.ndarray) -> None:
-        """Recompute the rows of ``which`` over every node, 256 rows per product."""
+    def _recompute(
+        self,
+        which: list[int],
+        ids_arr: np.ndarray,
+        X: np.ndarray,
+        inv: np.ndarray,
+        search: Search | None = None,
+    ) -> None:
+        """Recompute the rows of ``which`` over every node (256 rows per product) or their candidates."""
         which = [j for j in which if j < len(inv) and inv[j] >= 0]
         for a in range(0, len(which), 256):
             block = which[a : a + 256]
+            if search is not None:
+                for j, (cand, sims) in zip(block, self._candidates(block, ids_arr, X, inv, search)):
+                    self._set(j, self._row(j, cand, sims))
+                continue
             S = inner_products(X, X[inv[block]])
             for r, j in enumerate(block):
                 self._set(j, self._row(j, ids_arr, S[r]))
