@@ -201,8 +201,8 @@ class KNNGraph:
         for c, (cand, sims) in zip(ch, self._candidates(ch, ids_arr, X, inv, search)):
             self._set(c, self._row(c, cand, sims))
             for j, s in zip(cand.tolist(), sims.tolist()):
-                if j in redo or j not in self.rows:
-                    continue
+                if j in redo or j not in self.rows or (j < len(self._low) and s < self._low[j]):
+                    continue  # (a full row only takes a node at least as similar as its smallest)
                 self._offer(j, c, s)
                 self._note_low(j)
         self._recompute(sorted(redo - set(ch)), ids_arr, X, inv, search)

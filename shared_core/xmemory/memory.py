@@ -171,7 +171,7 @@ class XMemory(_XMemoryRetrieval):
         knn_k: neighbours per node in the theme and semantic kNN graphs, default 10.
         exact_search_max: the most semantics (themes) whose similarities to a new fact (theme) are all
             computed, default 8192; above it the nearest are looked for among candidates from an IVF
-            index (:class:`~shared_core.ann.NeighbourSearch`: ``sqrt(n)`` lists, 8 visited): fact
+            index (:class:`~shared_core.ann.NeighbourSearch`: ``2 sqrt(n)`` lists, 8 visited): fact
             deduplication, theme attachment, merge candidates, the objective's nearest themes and the
             kNN graphs' rows. ``None``: every similarity at any size (the paper's exact construction,
             and what memories saved before this option do). Exhaustive search makes an add linear in
