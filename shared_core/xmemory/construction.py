@@ -114,7 +114,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             d.theme_graph.rebuild(tids, tmat, d.theme_searcher())
         ts = d.theme_stats
         assert isinstance(ts, _Themes)
-        ts.changed, ts.dropped = set(), set()  # the theme graph is exact
+        ts.changed, ts.dropped = set(), set()  # the theme graph is current
         self._cache = d
         return d
 
