@@ -71,12 +71,18 @@ class NeighbourSearch:
     def __len__(self) -> int:
         return 0 if self._index is None else int(self._index.ntotal)
 
+    def _limit(self) -> int | None:
+        """The largest set without an index: ``exact_max``, or half of it while an index is in use."""
+        if self.exact_max is None:
+            return None
+        return self.exact_max if self._index is None else self.exact_max // 2
+
     def due(self, n: int) -> bool:
         """Whether a set of ``n`` vectors needs :meth:`reset` (index to build, drop or train again)."""
-        if self._index is None:
-            return self.exact_max is not None and n > self.exact_max
-        assert self.exact_max is not None
-        return n <= self.exact_max // 2 or n >= 2 * self._trained_n or 4 * n <= self._trained_n
+        limit = self._limit()
+        if limit is None or n <= limit:
+            return self._index is not None
+        return self._index is None or n >= 2 * self._trained_n or 4 * n <= self._trained_n
 
     def reset(self, ids: np.ndarray, mat: np.ndarray) -> None:
         """Rebuild for the whole set: train an index and add every vector when the set has more than
@@ -86,7 +92,7 @@ class NeighbourSearch:
             ids: distinct ``int64`` ids ``(n,)``. mat: their unit vectors, float32 ``(n, d)``.
         """
         n = len(ids)
-        limit = None if self.exact_max is None else self.exact_max // 2 if self._index else self.exact_max
+        limit = self._limit()
         if limit is None or n <= limit:
             self._index, self._trained_n = None, 0
             return

@@ -309,54 +309,6 @@ def test_greedy_representatives_by_hand():
             greedy_representatives([1], REL, GRAPH, **bad)
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    n=st.integers(2, 25),
-    k=st.integers(1, 5),
-    ops=st.lists(st.tuples(st.sampled_from(["add", "move", "drop"]), st.integers(0, 10**6)), max_size=12),
-    seed=st.integers(0, 10**6),
-)
-def test_knn_graph_incremental_equals_rebuild(n, k, ops, seed):
-    rng = np.random.default_rng(seed)
-    vecs = {i: rng.standard_normal(6) for i in range(n)}
-
-    def mat(ids):
-        M = np.stack([vecs[i] for i in ids])
-        return M / np.linalg.norm(M, axis=1, keepdims=True)
-
-    g = KNNGraph(k)
-    ids = sorted(vecs)
-    g.rebuild(ids, mat(ids))
-    nxt = n
-    for op, r in ops:
-        ids = sorted(vecs)
-        if op == "add":
-            vecs[nxt] = rng.standard_normal(6)
-            ids = sorted(vecs)
-            g.upsert(ids, mat(ids), [nxt])
-            nxt += 1
-        elif op == "move":
-            j = ids[r % len(ids)]
-            vecs[j] = rng.standard_normal(6)
-            g.upsert(ids, mat(ids), [j])
-        elif len(ids) > 2:
-            j = ids[r % len(ids)]
-            del vecs[j]
-            ids = sorted(vecs)
-            g.remove([j], ids, mat(ids))
-    ref = KNNGraph(k)
-    ids = sorted(vecs)
-    ref.rebuild(ids, mat(ids))
-    assert g.rows == ref.rows  # the same neighbours with bitwise the same similarities
-
-    # the bookkeeping behind the incremental update: who lists whom, and each row's smallest
-    for i in ids:
-        assert all(i in g._rev[u] for u in g.rows[i])
-        full = len(g.rows[i]) >= k
-        assert g._low[i] == (min(g.rows[i].values()) if full else -np.inf)
-    assert all(j in g.rows and u in g.rows[j] for u, js in g._rev.items() for j in js)
-
-
 def _brute_search(vecs: dict, limit: int | None):
     """A candidate search over ``vecs`` by exact similarity: the ``limit`` nearest (all when ``None``)."""
 
@@ -371,18 +323,19 @@ def _brute_search(vecs: dict, limit: int | None):
     return search
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(2, 25),
     k=st.integers(1, 5),
     ops=st.lists(st.tuples(st.sampled_from(["add", "move", "drop"]), st.integers(0, 10**6)), max_size=12),
     seed=st.integers(0, 10**6),
-    limited=st.booleans(),
+    mode=st.sampled_from(["exact", "all candidates", "2k+1 candidates"]),
 )
-def test_knn_graph_from_candidates(n, k, ops, seed, limited):
-    """Candidate mode: given every node as a candidate it equals the exact rebuild; given only each
-    node's 2k + 1 nearest, every row is still a valid row (current nodes, exact similarities, links),
-    and the rows of the nodes just changed are exact."""
+def test_knn_graph_incremental_updates(n, k, ops, seed, mode):
+    """Exact (no search), or from candidates: given every node as a candidate, the graph kept up to date
+    equals a rebuild on the same vectors, bitwise; given only each node's 2k + 1 nearest, every row is
+    still a valid row (current nodes, exact similarities, links, row bounds). In every mode the rows of
+    the nodes just changed are exact."""
     rng = np.random.default_rng(seed)
     vecs = {i: rng.standard_normal(6) for i in range(n)}
 
@@ -390,7 +343,7 @@ def test_knn_graph_from_candidates(n, k, ops, seed, limited):
         M = np.stack([vecs[i] for i in ids])
         return M / np.linalg.norm(M, axis=1, keepdims=True)
 
-    search = _brute_search(vecs, 2 * k + 1 if limited else None)
+    search = None if mode == "exact" else _brute_search(vecs, 2 * k + 1 if mode.startswith("2k") else None)
     g = KNNGraph(k)
     ids = sorted(vecs)
     g.rebuild(ids, mat(ids), search)
@@ -417,11 +370,12 @@ def test_knn_graph_from_candidates(n, k, ops, seed, limited):
         ref.rebuild(ids, mat(ids))
         assert all(g.rows[c] == ref.rows[c] for c in changed)
     ids = sorted(vecs)
+    # the bookkeeping behind the incremental update: who lists whom, and each row's smallest
     check_candidate_rows(g, ids, mat(ids))
-    if not limited:
+    if not mode.startswith("2k"):
         ref = KNNGraph(k)
         ref.rebuild(ids, mat(ids))
-        assert g.rows == ref.rows
+        assert g.rows == ref.rows  # the same neighbours with bitwise the same similarities
 
 
 @settings(max_examples=50, deadline=None)

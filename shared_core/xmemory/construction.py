@@ -418,8 +418,9 @@ class _XMemoryConstruction(HierarchicalMemory):
         d.theme_stats[target] = self._stats_of(d, st.nodes[target].children)
         return target
 
-    def _sync_theme_graph(self, d: _Derived) -> tuple[list[int], np.ndarray]:
-        """Bring the theme kNN graph up to date with ``theme_stats``; returns ``d.theme_matrix()``."""
+    def _sync_theme_graph(self, d: _Derived) -> tuple[list[int], np.ndarray, Search | None]:
+        """Bring the theme kNN graph up to date with ``theme_stats``; returns ``d.theme_matrix()`` and
+        the theme search (``None`` while exhaustive)."""
         search = d.theme_searcher()
         tids, tmat = d.theme_matrix()
         ts = d.theme_stats
@@ -431,7 +432,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             d.theme_graph.remove(gone, d.theme_id_array(), tmat, search)
         if live:
             d.theme_graph.upsert(d.theme_id_array(), tmat, live, search)
-        return tids, tmat
+        return tids, tmat, search
 
     def _objective_with(self, d: _Derived, replace: Mapping[int, list[list[int]]]) -> float:
         """``f(P)`` of the current partition with some themes replaced by lists of member groups.
@@ -444,8 +445,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         nearest themes of a group (and of a row whose listed neighbours are all replaced) are found
         among the theme search's candidates.
         """
-        tids, tmat = self._sync_theme_graph(d)
-        search = d.theme_searcher()
+        tids, tmat, search = self._sync_theme_graph(d)
         g = d.theme_graph
         ids = d.theme_id_array()
         sizes, cohs = d.theme_sizes_cohesions()
@@ -497,15 +497,17 @@ class _XMemoryConstruction(HierarchicalMemory):
         return sparsity_score(new_sizes) + sem
 
     def _best_kept(
-        self, d: _Derived, search: Search, v: np.ndarray, keep: np.ndarray, skip: int | None
+        self, d: _Derived, search: Search, v: np.ndarray, keep: np.ndarray | None, skip: int | None
     ) -> tuple[float, tuple[np.ndarray, np.ndarray]] | None:
-        """Among the theme search's candidates for ``v``: the kept themes (``keep`` by position, ``skip``
-        left out), as ``(best similarity, (positions, similarities))``, or ``None`` when none is kept."""
+        """Among the theme search's candidates for ``v``: the kept themes (``keep`` by position, ``None``:
+        all; ``skip`` left out), as ``(best similarity, (positions, similarities))``, or ``None`` when
+        none is kept."""
         cand = search(v, 2 * self.knn_k + 1)[0]
         pos = np.asarray(
             [d._tpos[int(c)] for c in cand if c >= 0 and c != skip and int(c) in d._tpos], dtype=np.int64
         )
-        pos = pos[keep[pos]]
+        if keep is not None:
+            pos = pos[keep[pos]]
         if not len(pos):
             return None
         _, tmat = d.theme_matrix()
@@ -571,7 +573,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         me = d._tpos[t]
         m = self.merge_candidates
         if search is not None:  # the m most similar candidates, ties by position
-            got = self._best_kept(d, search, tmat[me], np.ones(len(tids), dtype=bool), t)
+            got = self._best_kept(d, search, tmat[me], None, t)
             pos, psims = got[1] if got else (np.zeros(0, dtype=np.int64), np.zeros(0))
             top = np.lexsort((pos, -psims))[:m]
             pairs = [(int(pos[i]), float(psims[i])) for i in top]
