@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from .ann import NeighbourSearch
 from .filters import message_filter
 from .index import NodeIndex
 from .models.base import LLM, Embedder, Summarizer
@@ -183,6 +184,9 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         self._max_tokens: int | None = None  # the budget of the retrieve under way
         self._allowed: set[int] | None = None  # nodes the filter of the retrieve under way lets through
         self._version = 0  # bumped on every commit; caches key on it
+        self._ns: NeighbourSearch | None = None  # IVF over every indexed node (Ranking._node_search)
+        self._ns_of: NodeIndex | None = None  # the node index it mirrors
+        self._ns_dirty: set[int] = set()  # ids written since it was last brought up to date
         self._durable: Any = None  # a shared_core.stores.Store when a store is attached
         if store is not None:
             self.attach_store(store)
@@ -459,7 +463,9 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
     def _vectors_written(self, ids: set[int]) -> None:
         """Hook: the indexed vectors of ``ids`` were just written or removed (a commit landed, or another
         process's commits were applied). Caches of index vectors refresh those rows (subclasses extend
-        it and call this one); default: nothing."""
+        it and call this one); here: the IVF index over every node, when in use, will take them."""
+        if self._ns is not None and not self._ns.exhaustive:
+            self._ns_dirty |= ids
 
     def _rollback(self) -> None:
         """Undo the open transaction (no-op once it is committed)."""

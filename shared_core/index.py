@@ -101,6 +101,7 @@ class NodeIndex:
         self.dim = int(dim)
         self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
         self._row_of: dict[int, int] = {}
+        self._row_arr = np.full(0, -1, dtype=np.int64)  # id -> row for ids in [0, len): vectorised reads
         self._ids = np.zeros(0, dtype=np.int64)  # row -> id
         self._tx: _Journal | None = None
 
@@ -183,7 +184,27 @@ class NodeIndex:
             if len(j.ids):
                 self._index.add_with_ids(np.ascontiguousarray(vecs, dtype=np.float32), j.ids)
         self._ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """Rebuild the id -> row maps from the ids in row order (after a removal or a rollback)."""
         self._row_of = {int(nid): r for r, nid in enumerate(self._ids.tolist())}
+        self._row_arr = np.full(0, -1, dtype=np.int64)
+        self._note_rows(self._ids, np.arange(len(self._ids), dtype=np.int64))
+
+    def _note_rows(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Record rows in the array map for ids in ``[0, 4 (n + 16384))``; others are in the dict only."""
+        ids = np.asarray(ids, dtype=np.int64)
+        cap = 4 * (len(self._row_of) + 16384)
+        ok = (ids >= 0) & (ids < cap)
+        if not ok.any():
+            return
+        top = int(ids[ok].max()) + 1
+        if top > len(self._row_arr):
+            grown = np.full(max(top, 2 * len(self._row_arr)), -1, dtype=np.int64)
+            grown[: len(self._row_arr)] = self._row_arr
+            self._row_arr = grown
+        self._row_arr[ids[ok]] = rows[ok]
 
     def _raw_matrix(self, n: int) -> np.ndarray:
         """The first ``n`` stored rows as a writable view of FAISS's storage."""
@@ -229,6 +250,7 @@ class NodeIndex:
             self._ids[start : start + len(new_ids)] = new_ids
             for k, nid in enumerate(new_ids.tolist()):
                 self._row_of[nid] = start + k
+            self._note_rows(new_ids, np.arange(start, start + len(new_ids), dtype=np.int64))
 
     def remove(self, ids: Iterable[int]) -> None:
         """Remove ids (unknown ids are ignored)."""
@@ -245,18 +267,38 @@ class NodeIndex:
                     tx.old[nid] = mat[self._row_of[nid]].copy()
         self._index.remove_ids(np.asarray(ids, dtype=np.int64))
         self._ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
-        self._row_of = {int(nid): r for r, nid in enumerate(self._ids.tolist())}
+        self._reindex()
 
     # ------------------------------------------------------------------ reading
+    def matrix(self) -> np.ndarray:
+        """Every stored (normalised) vector in row order (aligned with :attr:`ids`), float32 ``(n, dim)``.
+
+        A read-only view of FAISS's storage: copy it to keep it past the next change."""
+        mat = self._matrix()
+        mat.flags.writeable = False
+        return mat
+
     def get(self, ids: Sequence[int]) -> np.ndarray:
         """Stored (normalised) vectors, ``float32`` ``(len(ids), dim)``.
 
         Raises:
             KeyError: an id is not indexed.
         """
-        mat = self._matrix()
-        rows = [self._row_of[int(i)] for i in ids]
-        return mat[rows] if rows else np.zeros((0, self.dim), np.float32)  # fancy indexing copies
+        rows = self.rows(ids)
+        if (rows < 0).any():
+            raise KeyError(int(np.asarray(ids, dtype=np.int64)[np.argmax(rows < 0)]))
+        return self._matrix()[rows] if len(rows) else np.zeros((0, self.dim), np.float32)  # copies
+
+    def rows(self, ids: Iterable[int] | np.ndarray) -> np.ndarray:
+        """Row positions of ids (``-1`` for an id that is not indexed), ``int64`` array in the order given."""
+        ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
+        arr = self._row_arr
+        inside = (ids >= 0) & (ids < len(arr))
+        out = np.full(len(ids), -1, dtype=np.int64)
+        out[inside] = arr[ids[inside]]
+        for j in np.flatnonzero(out < 0).tolist():  # not indexed, or kept in the dict only
+            out[j] = self._row_of.get(int(ids[j]), -1)
+        return out
 
     def scores_all(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cosine of one query with every stored vector.

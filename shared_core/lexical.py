@@ -76,6 +76,11 @@ def tokenize(texts: Sequence[str], *, stem: bool = True, stopwords: str | None =
     return _tokenize(texts, stopwords, _make_stemmer(stem))
 
 
+def _check_query(query: object) -> None:
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query must be a str, got {type(query).__name__}.")
+
+
 class LexicalIndex:
     """BM25 index of texts keyed by integer ids (Lucene BM25 as bm25s computes it, k1 = 1.5, b = 0.75).
 
@@ -127,6 +132,7 @@ class LexicalIndex:
         self._vocab: dict[str, int] = {}
         self._post: list[np.ndarray] = []  # term -> int64 (cap, 3): slot, tf, generation
         self._post_n: list[int] = []  # term -> postings used
+        self._post_dead: list[int] = []  # term -> postings of replaced or removed texts among them
         self._df = np.zeros(0, dtype=np.int64)  # term -> live texts holding it
         self._slot_id = np.zeros(0, dtype=np.int64)  # slot -> id
         self._slot_len = np.zeros(0, dtype=np.float64)  # slot -> tokens
@@ -197,7 +203,9 @@ class LexicalIndex:
         """Take a slot's current text out of the statistics (its postings become dead)."""
         terms = set(tokens)
         for t in terms:
-            self._df[self._vocab[t]] -= 1
+            tid = self._vocab[t]
+            self._df[tid] -= 1
+            self._post_dead[tid] += 1
         self._total_len -= len(tokens)
         self._live_postings -= len(terms)
         self._dead_postings += len(terms)
@@ -233,6 +241,7 @@ class LexicalIndex:
                 tid = vocab[t] = len(self._post)
                 self._post.append(np.empty((_MIN_CAP, 3), dtype=np.int64))
                 self._post_n.append(0)
+                self._post_dead.append(0)
                 self._df = grow(self._df, tid + 1, fill=0)
             n = self._post_n[tid]
             arr = self._post[tid] = grow(self._post[tid], n + 1, minimum=_MIN_CAP)
@@ -273,9 +282,13 @@ class LexicalIndex:
             df = float(self._df[tid])
             idf = math.log(1.0 + (N - df + 0.5) / (df + 0.5))
             p = self._post[tid][: self._post_n[tid]]
-            live = p[:, 2] == gen[p[:, 0]]
-            slots = p[live, 0]
-            tf = p[live, 1].astype(np.float64)
+            if self._post_dead[tid]:  # drop the term's dead postings once, not at every query
+                p = p[p[:, 2] == gen[p[:, 0]]]
+                self._post[tid][: len(p)] = p
+                self._dead_postings -= self._post_n[tid] - len(p)
+                self._post_n[tid], self._post_dead[tid] = len(p), 0
+            slots = p[:, 0]
+            tf = p[:, 1].astype(np.float64)
             dl = self._slot_len[slots]
             out[slots] += (times * idf) * tf / (tf + K1 * (1.0 - B + B * dl / avgdl))
         return out
@@ -294,8 +307,7 @@ class LexicalIndex:
         Raises:
             InvalidInputError: ``query`` is not a string.
         """
-        if not isinstance(query, str):
-            raise InvalidInputError(f"query must be a str, got {type(query).__name__}.")
+        _check_query(query)
         with self._lock:
             if not self._tokens:
                 return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
@@ -319,8 +331,7 @@ class LexicalIndex:
         Raises:
             InvalidInputError: ``query`` is not a string.
         """
-        if not isinstance(query, str):
-            raise InvalidInputError(f"query must be a str, got {type(query).__name__}.")
+        _check_query(query)
         ids = np.asarray(ids, dtype=np.int64)
         with self._lock:
             out = np.zeros(len(ids), dtype=np.float32)
@@ -339,6 +350,30 @@ class LexicalIndex:
             ok = slots >= 0
             out[ok] = s[slots[ok]]
             return out
+
+    def nonzero(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """The ids whose BM25 score for ``query`` is above 0 and their scores, ids ascending.
+
+        The same scores as :meth:`scores` (O(postings of the query terms + stored texts)), without the
+        ids that score 0.
+
+        Returns:
+            ``(ids int64 (m,), scores float32 (m,))``.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        _check_query(query)
+        with self._lock:
+            if not self._tokens:
+                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
+            s = self._slot_scores(query)
+            slots = np.flatnonzero(s > 0)  # a dead slot scores 0
+            ids = self._slot_id[slots]
+            if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # slots mostly follow the ids
+                order = np.argsort(ids, kind="stable")
+                ids, slots = ids[order], slots[order]
+            return ids, s[slots].astype(np.float32)
 
     def top_k(self, query: str, k: int, subset: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best-scoring ids for ``query``, best first.

@@ -8,12 +8,14 @@ own structure and policies on top.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .ann import NeighbourSearch
 from .filters import MessageFilter
 from .index import normalize_rows
 from .models.base import validate_embeddings
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMISSIBLE",
+    "Candidates",
     "RELEVANCE_KINDS",
     "Ranking",
     "TokenBudget",
@@ -36,6 +39,9 @@ __all__ = [
     "check_choice",
     "count_tokens",
 ]
+
+#: lists of the IVF index over every node visited per query (:meth:`Ranking._node_search`)
+NODE_SEARCH_NPROBE = 32
 
 #: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
@@ -123,6 +129,33 @@ class TokenBudget:
         return self.max_tokens is not None and self.used >= self.max_tokens
 
 
+@dataclasses.dataclass
+class Candidates:
+    """The first stage of one query's relevance over candidates (:meth:`Ranking._relevance_candidates`).
+
+    ``ids`` are the approximate ``m`` nearest nodes by cosine (from the IVF index over every indexed
+    node) and, for ``hybrid``, the ``m`` best by BM25 (with every node tied with the ``m``-th). BM25
+    itself is exact and sparse: ``bm_ids`` are every node with a score above 0, ``maxb`` their
+    largest score.
+    """
+
+    ids: np.ndarray  # int64 (c,), distinct
+    qvec: np.ndarray  # float32 (d,), normalised
+    kind: str  # "dense" or "hybrid"
+    weight: float
+    bm_ids: np.ndarray  # int64, ascending
+    bm: np.ndarray  # float32, their BM25 scores
+    maxb: float
+
+    def bm25(self, nids: np.ndarray) -> np.ndarray:
+        """BM25 scores of node ids (0 for a node without a query term), float32."""
+        nids = np.asarray(nids, dtype=np.int64)
+        if not len(self.bm_ids):
+            return np.zeros(len(nids), np.float32)
+        j = np.minimum(np.searchsorted(self.bm_ids, nids), len(self.bm_ids) - 1)
+        return np.where(self.bm_ids[j] == nids, self.bm[j], 0.0).astype(np.float32)
+
+
 class Ranking:
     """Mixin: the shared ranking of :class:`~shared_core.base.HierarchicalMemory` (see the module)."""
 
@@ -141,6 +174,9 @@ class Ranking:
     _max_tokens: int | None
     _allowed: set[int] | None
     _version: int
+    _ns: NeighbourSearch | None
+    _ns_of: NodeIndex | None
+    _ns_dirty: set[int]
 
     if TYPE_CHECKING:
 
@@ -219,6 +255,93 @@ class Ranking:
         assert dense is not None
         return ids, fuse(dense, bm, hybrid_weight)
 
+    # ------------------------------------------------------------------ approximate first stage
+    def _search_max(self) -> int | None:
+        """The most indexed nodes a retrieval scores exhaustively; past it, policies that can use
+        :meth:`_relevance_candidates` do. Default ``None``: always exhaustive (subclasses override)."""
+        return None
+
+    def _node_search(self) -> NeighbourSearch | None:
+        """The IVF index over every indexed node, brought up to date, or ``None`` while the index holds
+        at most :meth:`_search_max` nodes (or the memory searches exhaustively).
+
+        Kept from the vectors committed since the last call (:meth:`_vectors_written`); trained again
+        as :class:`~shared_core.ann.NeighbourSearch` decides; started afresh when the node index object
+        changes (a load, a reset)."""
+        idx = self._index
+        limit = self._search_max()
+        if idx is None or limit is None:
+            self._ns = None
+            return None
+        ns = self._ns
+        if ns is None or self._ns_of is not idx or ns.exact_max != limit:
+            ns = self._ns = NeighbourSearch(limit, nprobe=NODE_SEARCH_NPROBE, codes="sq8")
+            self._ns_of, self._ns_dirty = idx, set()
+        if ns.due(len(idx)):
+            ns.reset(idx.ids, idx.matrix())
+        elif not ns.exhaustive and self._ns_dirty:
+            dirty = sorted(self._ns_dirty)
+            ns.remove([i for i in dirty if i not in idx])
+            live = [i for i in dirty if i in idx]
+            if live:
+                ns.upsert(live, idx.get(live))
+        self._ns_dirty = set()
+        return None if ns.exhaustive else ns
+
+    def _relevance_candidates(
+        self, query: str, kind: str, weight: float, m: int, qvec: np.ndarray
+    ) -> Candidates | None:
+        """The first stage of a retrieval that scores candidates instead of every node.
+
+        Args:
+            query: the query text. kind: ``"dense"`` or ``"hybrid"`` (``"bm25"`` is exact and sparse
+                already: ``None``). weight: ``w`` of ``hybrid``. m: candidates from each of the two lists.
+            qvec: the normalised query vector, float32 ``(d,)``.
+
+        Returns:
+            :class:`Candidates`, or ``None`` when there is no node search (:meth:`_node_search`) or the
+            kind is ``"bm25"``.
+        """
+        if kind == "bm25":
+            return None
+        ns = self._node_search()
+        if ns is None:
+            return None
+        found = ns.search(qvec, m)[0]
+        found = found[found >= 0]
+        bm_ids, bm = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if kind == "hybrid":
+            bm_ids, bm = self._lexical_index().nonzero(query)
+        maxb = float(bm.max()) if len(bm) else 0.0
+        top = bm_ids if len(bm) <= m else bm_ids[bm >= np.partition(bm, len(bm) - m)[len(bm) - m]]
+        return Candidates(np.union1d(found, top), qvec, kind, weight, bm_ids, bm, maxb)
+
+    def _relevance_on(self, c: Candidates, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Relevance of the nodes ``ids`` (the candidates among them) for the query of ``c``.
+
+        Cosines by the kernel of :meth:`~shared_core.index.NodeIndex.scores_all` (the same values as
+        the exhaustive scan). ``hybrid`` divides the dense part by its maximum over ``ids`` (the nearest
+        node is among them as far as the index finds it) and BM25 by its exact maximum over every
+        node: the values :meth:`relevance` gives these nodes when the index finds the nearest.
+
+        Returns:
+            ``(ids int64 (the indexed ones) in index row order, r float32)``.
+        """
+        from .index import inner_products
+
+        assert self._index is not None
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = self._index.rows(ids.tolist())
+        order = np.argsort(rows, kind="stable")
+        order = order[rows[order] >= 0]
+        ids, rows = ids[order], rows[order]
+        cos = inner_products(self._index.matrix()[rows], c.qvec) if len(rows) else np.zeros(0, np.float32)
+        dense = np.maximum(cos, 0.0).astype(np.float32)
+        if c.kind == "dense":
+            return ids, dense
+        maxd = float(dense.max()) if len(dense) else 0.0
+        return ids, fuse(dense, c.bm25(ids), c.weight, maxima=(maxd, c.maxb))
+
     def _propagated_scores(
         self,
         ids: np.ndarray,
@@ -283,6 +406,8 @@ class Ranking:
         copies between them). Vectorised over :class:`~shared_core.structure.NodeArrays`; cached per
         tree version.
         """
+        if self._index is None or len(ids) != len(self._index):  # a part of the nodes: not cached
+            return self._arrays.aligned(self._store, ids)
         key = (self._version, len(ids))
         cached = self._structure_cache
         if cached is not None and cached[0] == key:

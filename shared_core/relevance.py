@@ -57,26 +57,35 @@ def _scores(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def max_normalized(scores: Any) -> np.ndarray:
+def max_normalized(scores: Any, maximum: float | None = None) -> np.ndarray:
     """Scores divided by their maximum; all zeros (or empty) stay as they are.
 
     Args:
         scores: array-like ``(n,)`` of finite scores ``>= 0``.
+        maximum: the maximum to divide by (e.g. over a larger set the scores are a part of); default
+            ``None`` = ``max(scores)``. A maximum of 0 leaves the scores as they are.
 
     Returns:
         ``float32`` array ``(n,)`` in ``[0, 1]`` (a new array).
 
     Raises:
-        InvalidInputError: not 1-D, or a negative or non-finite score.
+        InvalidInputError: not 1-D, a negative or non-finite score, or ``maximum`` below a score.
     """
     a = _scores(scores, "scores")
     if a.size == 0:
         return a.copy()
-    m = a.max()
+    m = a.max() if maximum is None else np.float32(maximum)
+    if m < a.max():
+        raise InvalidInputError(f"maximum {maximum} is below the largest score {a.max()}.")
     return a / m if m > 0 else a.copy()
 
 
-def fuse(dense: Any, bm25: Any, weight: float = DEFAULT_HYBRID_WEIGHT) -> np.ndarray:
+def fuse(
+    dense: Any,
+    bm25: Any,
+    weight: float = DEFAULT_HYBRID_WEIGHT,
+    maxima: tuple[float, float] | None = None,
+) -> np.ndarray:
     """Max-normalised convex fusion of two score vectors over the same candidates.
 
     ``weight * dense / max(dense) + (1 - weight) * bm25 / max(bm25)``, each part left at zero when its
@@ -87,6 +96,8 @@ def fuse(dense: Any, bm25: Any, weight: float = DEFAULT_HYBRID_WEIGHT) -> np.nda
         bm25: array-like ``(n,)`` of lexical scores ``>= 0`` (BM25) of the same candidates in the same
             order.
         weight: ``w``, the weight of the dense part, in ``[0, 1]``; default 0.5.
+        maxima: ``(max dense, max bm25)`` to normalise by, when the candidates are part of a larger
+            set (the part of a set's fusion that falls on them); default ``None`` = their own maxima.
 
     Returns:
         ``float32`` array ``(n,)`` in ``[0, 1]``.
@@ -100,8 +111,9 @@ def fuse(dense: Any, bm25: Any, weight: float = DEFAULT_HYBRID_WEIGHT) -> np.nda
         combination of normalised lexical and semantic scores).
     """
     w = check_weight(weight)
-    d = max_normalized(_scores(dense, "dense"))
-    b = max_normalized(_scores(bm25, "bm25"))
+    md, mb = (None, None) if maxima is None else maxima
+    d = max_normalized(_scores(dense, "dense"), md)
+    b = max_normalized(_scores(bm25, "bm25"), mb)
     if d.shape != b.shape:
         raise InvalidInputError(f"dense and bm25 differ in length ({d.size} and {b.size}).")
     return (w * d + (1.0 - w) * b).astype(np.float32)

@@ -45,12 +45,13 @@ def test_exhaustive_up_to_the_limit_then_an_index():
     n=st.integers(40, 400),
     ops=st.lists(st.tuples(st.sampled_from(["add", "move", "drop"]), st.integers(0, 10**6)), max_size=15),
     seed=st.integers(0, 10**6),
+    codes=st.sampled_from(["flat", "sq8"]),
 )
-def test_the_index_holds_exactly_the_current_vectors(n, ops, seed):
+def test_the_index_holds_exactly_the_current_vectors(n, ops, seed, codes):
     rng = np.random.default_rng(seed)
     X = clustered(n, seed=seed)
     vecs = {int(i) * 2: X[i] for i in range(n)}
-    ns = NeighbourSearch(10)
+    ns = NeighbourSearch(10, codes=codes)
     ids = np.asarray(sorted(vecs), dtype=np.int64)
     ns.reset(ids, np.stack([vecs[i] for i in ids.tolist()]))
     gone: set[int] = set()
@@ -80,11 +81,13 @@ def test_the_index_holds_exactly_the_current_vectors(n, ops, seed):
     assert not (set(found.ravel().tolist()) & gone)
 
 
-def test_recall_on_clustered_vectors():
-    """The default nprobe finds the true 10 nearest among 21 candidates for nearly every query."""
+@pytest.mark.parametrize("codes", ["flat", "sq8"])
+def test_recall_on_clustered_vectors(codes):
+    """The default nprobe finds the true 10 nearest among 21 candidates for nearly every query, with
+    float32 vectors or 8-bit codes."""
     X = clustered(20_000, d=64, centres=200, seed=3)
     ids = np.arange(len(X), dtype=np.int64)
-    ns = NeighbourSearch(1000)
+    ns = NeighbourSearch(1000, codes=codes)
     ns.reset(ids, X)
     Q = X[:300]
     exact = np.argsort(-(Q @ X.T), axis=1)[:, 1:11]
@@ -107,3 +110,5 @@ def test_bad_arguments():
         NeighbourSearch(0)
     with pytest.raises(InvalidInputError):
         NeighbourSearch(10, nprobe=0)
+    with pytest.raises(InvalidInputError, match="codes"):
+        NeighbourSearch(10, codes="pq")

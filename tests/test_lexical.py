@@ -241,6 +241,14 @@ def test_in_place_updates_equal_a_bm25s_model_built_from_scratch(ops, queries):
             aligned = idx.scores_for(" ".join(q), arr)
             assert aligned[-2:].tolist() == [0.0, 0.0]
             np.testing.assert_allclose(aligned[:-2], [got[k] for k in live], rtol=1e-6)
+            nz_ids, nz = idx.nonzero(" ".join(q))
+            assert nz_ids.tolist() == sorted(k for k, v in got.items() if v > 0)
+            assert nz.tolist() == [got[k] for k in nz_ids.tolist()]
+        # the dead-posting counts (what compaction and the per-term pruning at query time go by)
+        gen = idx._slot_gen
+        dead = [int((p[:n, 2] != gen[p[:n, 0]]).sum()) for p, n in zip(idx._post, idx._post_n)]
+        assert dead == idx._post_dead
+        assert sum(dead) == idx._dead_postings
 
 
 def test_huge_and_negative_ids_align_without_a_dense_map():

@@ -75,7 +75,13 @@ class XMemory(_XMemoryRetrieval):
       ``admissible="all"`` a message that a ``max_tokens`` budget cannot hold is
       replaced by its most relevant semantic (a dated sentence of it) when that fits
       (``metadata["stands_for"]`` names the message); ``admissible="leaves"`` returns messages only.
-      No model is called at query time.
+      No model is called at query time. Past ``exact_search_max`` indexed nodes (and at least 48
+      nodes per candidate: about 58k for k = 10) ``top_down`` scores candidates instead of every
+      node: the ``32 (3k + 8)`` nearest nodes from an IVF index over every node (8-bit codes, 32 lists
+      visited) and as many best by BM25, with every message a candidate semantic comes from and every
+      semantic of a candidate message; each candidate's score is the exhaustive one (``last_trace``
+      has ``candidates``). ``relevance="bm25"``, filters and budgets that too few candidates pass
+      stay exhaustive.
     * ``adaptive`` (Sec. 3.3): Stage I picks themes, then semantics, by Eq. 4
       (:func:`greedy_representatives`) from the ``semantic_pool`` most relevant semantics; Stage II
       probes episodes (those linked to the chosen semantics plus the ``episode_pool`` most relevant
@@ -178,7 +184,9 @@ class XMemory(_XMemoryRetrieval):
             the number of themes: 52 ms at 100k messages on the bench's random stream against 1.3 ms at
             1k (``hiermem bench --conversation``); the default keeps every memory of up to 8192
             semantics and themes exact (the LoCoMo and RealMem dev conversations have at most about
-            1,100 themes).
+            1,100 themes). The same size bounds ``top_down`` retrieval: past ``exact_search_max``
+            indexed nodes it scores candidates from an IVF index over every node instead of every
+            node (``top_down`` above).
         eps: the MAD offset of Eq. 3, default 0.01.
         policy: default retrieval policy, ``"top_down"`` (default), ``"adaptive"``, ``"representative"``
             or ``"collapsed"``.
@@ -480,6 +488,9 @@ class XMemory(_XMemoryRetrieval):
             if node.data.get("title"):
                 md["title"] = node.data["title"]
         return dataclasses.replace(h, source_ids=src, metadata=md)
+
+    def _search_max(self) -> int | None:
+        return self.exact_search_max
 
     def _drawn_leaves(self, nid: int) -> list[int]:
         """A semantic's text draws on the messages it was distilled from (a filter checks them too)."""

@@ -27,6 +27,15 @@ __all__ = ["greedy_representatives", "mean_nll"]
 #: ``retrieve(k=None)`` for ``adaptive`` / ``representative``: no count cap, the selection decides
 UNCAPPED = 1_000_000
 
+#: ``top_down`` past ``exact_search_max`` nodes: nearest (and BM25) candidates per candidate the
+#: ranking needs (3k + 8)
+CANDIDATES_PER_HIT = 32
+
+#: ... and only with at least this many indexed nodes per nearest candidate: the candidate path costs
+#: about 7.7 ms at 25.6k nodes against 5.7 exhaustive, 17.4 against 32 at 254k (``hiermem bench
+#: --conversation``, m = 1,216); the two cross at about 53k nodes, 44 per candidate
+NODES_PER_CANDIDATE = 48
+
 #: ``fact_fallback`` choices: when a message without a semantic, whose text holds a sentence the fact
 #: rule accepts, takes its own relevance as its ``top_down`` fact term
 FACT_FALLBACKS = ("budget", "always", "never")
@@ -193,6 +202,8 @@ class _Relevance:
         self.r = np.asarray(r, dtype=np.float64)
         #: node id -> its position in ``ids`` (``-1``: not indexed), for ids up to the largest indexed one
         self.row = positions(self.ids)
+        #: the (semantic, message) row pairs of ``_fact_pairs``, once computed
+        self.pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def rows(self, nids: np.ndarray) -> np.ndarray:
         """Positions in ``ids`` of the node ids ``nids`` (``-1`` for a node that is not indexed)."""
@@ -294,11 +305,16 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         p = self._params(params)
         if self._index is None or len(self._index) == 0:
             return []
-        ids, r = self.relevance(query, p["relevance"], p["hybrid_weight"])
-        rel = _Relevance(ids, r)
-        self.last_trace = {"policy": policy, "relevance": p["relevance"]}
-        admissible = self._leaf_mask(ids) if p["admissible"] == "leaves" else None
         meta = {"policy": policy}
+        self.last_trace = {"policy": policy, "relevance": p["relevance"]}
+        qvec = self._embed_query(query) if p["relevance"] != "bm25" else None
+        if policy == "top_down":
+            found = self._top_down_candidates(query, p, k, meta, qvec)
+            if found is not None:
+                return found
+        ids, r = self.relevance(query, p["relevance"], p["hybrid_weight"], qvec=qvec)
+        rel = _Relevance(ids, r)
+        admissible = self._leaf_mask(ids) if p["admissible"] == "leaves" else None
         if policy == "collapsed":
             return self._ranked(ids, rel.r, k, meta, admissible)
         if policy == "top_down":
@@ -328,6 +344,62 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         fill = self._ranked(ids, rel.r, k, {"policy": policy, "stage": "fill"}, admissible)
         return out + [c for c in fill if c[0] not in chosen]
 
+    def _top_down_candidates(
+        self, query: str, p: dict[str, Any], k: int, meta: dict[str, Any], qvec: np.ndarray | None
+    ) -> list[tuple[int, float, dict[str, Any]]] | None:
+        """``top_down`` over candidates, past ``exact_search_max`` indexed nodes; ``None`` below it.
+
+        The candidates are the ``m = 32 (3k + 8)`` (``CANDIDATES_PER_HIT``) nearest nodes from an IVF
+        index over every indexed node and the ``m`` best by BM25
+        (:meth:`~shared_core.ranking.Ranking._relevance_candidates`), closed over the evidence links
+        (:meth:`_evidence_closure`) so that every candidate message's score is the one the exhaustive
+        path gives it. Only which messages are scored is approximate. ``None`` (the exhaustive path)
+        below the size, with fewer than ``NODES_PER_CANDIDATE x m`` indexed nodes (where scoring every
+        node costs less), for ``relevance="bm25"`` (sparse and exact already) and when the candidates
+        hold fewer admissible messages than the ranking needs (a filter, a token budget).
+        """
+        m = CANDIDATES_PER_HIT * (3 * k + 8)
+        if qvec is None or self._index is None or NODES_PER_CANDIDATE * m > len(self._index):
+            return None
+        c = self._relevance_candidates(query, p["relevance"], p["hybrid_weight"], m, qvec)
+        if c is None:
+            return None
+        ids, r = self._relevance_on(c, self._evidence_closure(c.ids, p["episode_weight"] > 0))
+        rel = _Relevance(ids, r)
+        scores, best = self._evidence_scores(rel, p)
+        leaves = self._leaf_mask(rel.ids)
+        msgs = self._ranked(rel.ids, scores, k, meta, leaves)
+        if len(msgs) < 3 * k + 8:
+            return None  # e.g. a filter that few candidates pass
+        if self._max_tokens is not None:  # the budget's walk must not have run out of candidates
+            allowed = self._allowed_mask(rel.ids)
+            adm = leaves if allowed is None else leaves & allowed
+            if len(msgs) >= len({self._store.nodes[int(i)].text for i in rel.ids[adm].tolist()}):
+                return None
+        self.last_trace.update(candidates=len(rel.ids))
+        return self._with_stand_ins(rel, p, k, meta, msgs, best, leaves)
+
+    def _evidence_closure(self, ids: np.ndarray, episodes: bool) -> np.ndarray:
+        """``ids`` with every message a semantic among them was distilled from (and, with ``episodes``,
+        every message of an episode among them), then every semantic (and episode) of those messages:
+        the nodes whose relevance the ``top_down`` scores of those messages read."""
+        psem, pmsg = self._fact_links()
+        leaf = self._leaf_mask(ids)  # brings the per-node arrays up to date
+        mark = np.zeros(len(self._arrays.leaf), dtype=bool)
+        mark[ids] = True
+        msgs = [ids[leaf], pmsg[mark[psem]]]
+        if episodes:
+            eps = ids[(self._arrays.level[ids] == EPISODE) & ~leaf]
+            msgs.append(np.asarray([m for e in eps.tolist() for m in self._leaves_of(e)], dtype=np.int64))
+        m = np.unique(np.concatenate(msgs))
+        mark[:] = False
+        mark[m] = True
+        out = [ids, m, psem[mark[pmsg]]]
+        if episodes:
+            par = self._arrays.parent[m]
+            out.append(par[par >= 0])
+        return np.unique(np.concatenate(out))
+
     def _top_down(
         self, rel: _Relevance, p: dict[str, Any], k: int, meta: dict[str, Any]
     ) -> list[tuple[int, float, dict[str, Any]]]:
@@ -340,6 +412,18 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         scores, best = self._evidence_scores(rel, p)
         leaves = self._leaf_mask(rel.ids)
         cands = self._ranked(rel.ids, scores, k, meta, leaves)
+        return self._with_stand_ins(rel, p, k, meta, cands, best, leaves)
+
+    def _with_stand_ins(
+        self,
+        rel: _Relevance,
+        p: dict[str, Any],
+        k: int,
+        meta: dict[str, Any],
+        cands: list[tuple[int, float, dict[str, Any]]],
+        best: np.ndarray,
+        leaves: np.ndarray,
+    ) -> list[tuple[int, float, dict[str, Any]]]:
         if p["admissible"] != "all":
             return cands
         out: list[tuple[int, float, dict[str, Any]]] = []
@@ -394,31 +478,33 @@ class _XMemoryRetrieval(_XMemoryConstruction):
                     fact[j] = r[j]
         return score + wf * fact, best
 
-    def _fact_pairs(self, rel: _Relevance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(semantic rows, message rows, starts)``: the rows in ``rel.ids`` of every indexed semantic
-        and each indexed message it was distilled from (:meth:`_fact_messages`), sorted by message row
-        then semantic row; ``starts`` are the positions where each message's run begins.
+    def _fact_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(semantic ids, message ids)``: every indexed semantic paired with each indexed message it
+        was distilled from (:meth:`_fact_messages`), ``int64`` arrays of equal length.
 
-        Cached per tree version; the (semantic id, message id) pairs behind it are kept across versions.
-        A rebuild reads only the new semantics, those whose ``messages`` changed (noted in
-        ``_fact_dirty`` by construction and deletion) and those saved without that list (they depend
-        on their episodes); it drops the pairs of the semantics that are gone. The pairs are dropped
-        whole when the state is reset (a rollback, a load, another process's commits) or the store
-        object changes.
+        Cached per tree version and kept across versions: a rebuild reads only the new semantics, those
+        whose ``messages`` changed (noted in ``_fact_dirty`` by construction and deletion) and those saved
+        without that list (they depend on their episodes); it drops the pairs of the semantics that are
+        gone. The pairs are dropped whole when the state is reset (a rollback, a load, another process's
+        commits) or the store object changes.
         """
         st = self._store
-        key = (self._version, len(rel.ids))
         c = self._fact_cache
-        if c is not None and c["store"] is st and c["key"] == key:
-            return c["rows"]
+        if c is not None and c["store"] is st and c["version"] == self._version:
+            return c["sem"], c["msg"]
         empty = np.zeros(0, np.int64)
         if c is None or c["store"] is not st:
             c = {"sems": empty, "sem": empty, "msg": empty, "legacy": set()}
-        leaf = self._leaf_mask(rel.ids)
-        sems = rel.ids[(self._arrays.level[rel.ids] == SEMANTIC) & ~leaf]
+        assert self._index is not None
+        ids = self._index.ids
+        leaf = self._leaf_mask(ids)  # brings the per-node arrays up to date
+        sems = ids[(self._arrays.level[ids] == SEMANTIC) & ~leaf]
         old_sems = c["sems"]
-        fresh = sems[~np.isin(sems, old_sems)].tolist()
-        gone = old_sems[~np.isin(old_sems, sems)].tolist()
+        top = int(max(sems.max(initial=-1), old_sems.max(initial=-1))) + 1
+        now, before = np.zeros(top, dtype=bool), np.zeros(top, dtype=bool)
+        now[sems], before[old_sems] = True, True
+        fresh = sems[~before[sems]].tolist()
+        gone = old_sems[~now[old_sems]].tolist()
         live = set(sems.tolist()) if self._fact_dirty or c["legacy"] else set()
         redo = list(dict.fromkeys([*fresh, *sorted((self._fact_dirty | c["legacy"]) & live)]))
         self._fact_dirty = set()
@@ -436,15 +522,25 @@ class _XMemoryRetrieval(_XMemoryConstruction):
                 pairs.extend((s, m) for m in self._fact_messages(s))
             add = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
             psem, pmsg = np.concatenate([psem, add[:, 0]]), np.concatenate([pmsg, add[:, 1]])
+        self._fact_cache = dict(store=st, version=self._version, sems=sems, sem=psem, msg=pmsg, legacy=legacy)
+        return psem, pmsg
+
+    def _fact_pairs(self, rel: _Relevance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(semantic rows, message rows, starts)``: the rows in ``rel.ids`` of the pairs of
+        :meth:`_fact_links` whose semantic and message are both in ``rel``, sorted by message row then
+        semantic row; ``starts`` are the positions where each message's run begins. Cached with ``rel``.
+        """
+        if rel.pairs is not None:
+            return rel.pairs
+        psem, pmsg = self._fact_links()
         js, jm = rel.rows(psem), rel.rows(pmsg)
         ok = (js >= 0) & (jm >= 0)
         js, jm = js[ok], jm[ok]
         order = np.lexsort((js, jm))
         js, jm = js[order], jm[order]
         starts = np.flatnonzero(np.append(True, jm[1:] != jm[:-1])) if len(jm) else np.zeros(0, np.int64)
-        rows = (js, jm, starts)
-        self._fact_cache = dict(store=st, key=key, sems=sems, sem=psem, msg=pmsg, legacy=legacy, rows=rows)
-        return rows
+        rel.pairs = (js, jm, starts)
+        return rel.pairs
 
     def _fact_ready(self, nid: int) -> bool:
         """Whether message leaf ``nid`` has a sentence the fact rule accepts (cached by message text)."""
