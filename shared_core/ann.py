@@ -35,8 +35,9 @@ class NeighbourSearch:
 
     While the set holds at most ``exact_max`` vectors, :attr:`exhaustive` is ``True`` and the caller
     scans every vector itself (exact). Above it, :meth:`search` returns approximate candidates from an
-    IVF-Flat index trained on the set (k-means, ``nlist`` = the power of two nearest ``2 sqrt(n)``, at
-    most 64 training points per list, 10 iterations, fixed seed: the same vectors give the same index).
+    IVF index trained on the set (k-means, ``nlist`` = the power of two nearest ``lists_per_sqrt *
+    sqrt(n)`` (default 2), at most 64 training points per list, 10 iterations, fixed seed: the same
+    vectors give the same index).
     Measured on 72k unit vectors of 384 dimensions in 2,000 clusters: 512 lists, 0.11 ms per query
     against a scan of all 72k, the true 10 nearest all among 21 candidates; 1.6 s to train.
     The index is trained again when the set has doubled or shrunk to a quarter since the last training,
@@ -49,15 +50,26 @@ class NeighbourSearch:
         codes: ``"flat"`` (default: the index holds a float32 copy of every vector) or ``"sq8"``
             (8-bit scalar quantiser, a quarter of the memory; the candidates are ranked by decoded
             vectors, so near ties may change places).
+        lists_per_sqrt: ``nlist`` is the power of two nearest ``lists_per_sqrt * sqrt(n)``, default 2
+            (fewer lists train faster: 512 instead of 1,024 lists at 254k vectors of 384 train and
+            fill in 3.6 instead of 9.7 CPU-seconds).
 
     Raises:
-        InvalidInputError: ``exact_max`` or ``nprobe`` below 1, or unknown ``codes``.
+        InvalidInputError: ``exact_max`` or ``nprobe`` below 1, unknown ``codes`` or ``lists_per_sqrt``
+            not above 0.
 
     References:
         Jégou et al. (2011), Sec. III-A; Douze et al. (2024), "The Faiss library", Sec. 5.
     """
 
-    def __init__(self, exact_max: int | None, nprobe: int = 8, seed: int = 1234, codes: str = "flat") -> None:
+    def __init__(
+        self,
+        exact_max: int | None,
+        nprobe: int = 8,
+        seed: int = 1234,
+        codes: str = "flat",
+        lists_per_sqrt: float = 2.0,
+    ) -> None:
         if exact_max is not None and int(exact_max) < 1:
             raise InvalidInputError("exact_max must be >= 1 (or None).")
         if int(nprobe) < 1:
@@ -68,6 +80,9 @@ class NeighbourSearch:
         self.nprobe = int(nprobe)
         self.seed = int(seed)
         self.codes = codes
+        if not math.isfinite(float(lists_per_sqrt)) or float(lists_per_sqrt) <= 0:
+            raise InvalidInputError("lists_per_sqrt must be > 0.")
+        self.lists_per_sqrt = float(lists_per_sqrt)
         self._index: faiss.IndexIVF | None = None
         self._trained_n = 0
         #: whether an index has ever answered for this set (then neighbours found since are candidates')
@@ -108,7 +123,7 @@ class NeighbourSearch:
             return
         X = np.ascontiguousarray(mat[:n], dtype=np.float32)
         d = X.shape[1]
-        nlist = min(1 << max(0, round(math.log2(2 * math.sqrt(n)))), 1 << int(math.log2(n)))
+        nlist = min(1 << max(0, round(math.log2(self.lists_per_sqrt * math.sqrt(n)))), 1 << int(math.log2(n)))
         quantizer = faiss.IndexFlatIP(d)
         if self.codes == "sq8":
             qt = faiss.ScalarQuantizer.QT_8bit

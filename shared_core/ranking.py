@@ -275,7 +275,7 @@ class Ranking:
             return None
         ns = self._ns
         if ns is None or self._ns_of is not idx or ns.exact_max != limit:
-            ns = self._ns = NeighbourSearch(limit, nprobe=NODE_SEARCH_NPROBE, codes="sq8")
+            ns = self._ns = NeighbourSearch(limit, nprobe=NODE_SEARCH_NPROBE, codes="sq8", lists_per_sqrt=1.0)
             self._ns_of, self._ns_dirty = idx, set()
         if ns.due(len(idx)):
             ns.reset(idx.ids, idx.matrix())

@@ -112,3 +112,5 @@ def test_bad_arguments():
         NeighbourSearch(10, nprobe=0)
     with pytest.raises(InvalidInputError, match="codes"):
         NeighbourSearch(10, codes="pq")
+    with pytest.raises(InvalidInputError, match="lists_per_sqrt"):
+        NeighbourSearch(10, lists_per_sqrt=0)

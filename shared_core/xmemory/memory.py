@@ -77,11 +77,11 @@ class XMemory(_XMemoryRetrieval):
       (``metadata["stands_for"]`` names the message); ``admissible="leaves"`` returns messages only.
       No model is called at query time. Past ``exact_search_max`` indexed nodes (and at least 48
       nodes per candidate: about 58k for k = 10) ``top_down`` scores candidates instead of every
-      node: the ``32 (3k + 8)`` nearest nodes from an IVF index over every node (8-bit codes, 32 lists
-      visited) and as many best by BM25, with every message a candidate semantic comes from and every
-      semantic of a candidate message; each candidate's score is the exhaustive one (``last_trace``
-      has ``candidates``). ``relevance="bm25"``, filters and budgets that too few candidates pass
-      stay exhaustive.
+      node: the ``32 (3k + 8)`` nearest nodes from an IVF index over every node (8-bit codes, about
+      sqrt(n) lists, 32 visited) and as many best by BM25, with every message a candidate semantic
+      comes from and every semantic of a candidate message; each candidate's score is the
+      exhaustive one (``last_trace`` has ``candidates``). ``relevance="bm25"``, filters and budgets
+      that too few candidates pass stay exhaustive.
     * ``adaptive`` (Sec. 3.3): Stage I picks themes, then semantics, by Eq. 4
       (:func:`greedy_representatives`) from the ``semantic_pool`` most relevant semantics; Stage II
       probes episodes (those linked to the chosen semantics plus the ``episode_pool`` most relevant
