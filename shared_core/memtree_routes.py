@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .arrays import grow
+from .arrays import grow, lookup
 
 if TYPE_CHECKING:
     from .index import NodeIndex
@@ -38,6 +38,7 @@ class _Route:
     mat: np.ndarray
     commit: int
     index: Any
+    kids: np.ndarray  # ``children`` as int64, with spare capacity at the end
 
 
 class RouteCache:
@@ -56,7 +57,7 @@ class RouteCache:
         self._vec_log: list[tuple[int, list[int]]] = []  # (commit number, ids whose vectors it wrote)
         self._commits = 0
         self._log_floor = 0  # the newest commit dropped from the log
-        self._written_at: dict[int, int] = {}  # node id -> the last commit that wrote its vector
+        self._written_at = np.full(0, -1, dtype=np.int64)  # node id -> the last commit that wrote it
 
     def _child_vectors(self, parent: int, ids: list[int]) -> np.ndarray:
         """Vectors of ``parent``'s children ``ids``, for routing.
@@ -99,8 +100,9 @@ class RouteCache:
             rows: list[tuple[int, int]] = []
             far = self._commits - route.commit > _WALK_MAX
             if far:  # long ago: ask each child when it was written
-                at, since = self._written_at, route.commit
-                rows = [(j, c) for j, c in enumerate(route.children) if at.get(c, -1) > since]
+                kids = route.kids[: len(route.children)]
+                late = np.flatnonzero(lookup(self._written_at, kids, -1) > route.commit).tolist()
+                rows = [(j, route.children[j]) for j in late]
             else:
                 for commit, written in reversed(self._vec_log):  # newest first, back to the route's commit
                     if commit <= route.commit:
@@ -116,7 +118,10 @@ class RouteCache:
             return None
         if len(self._routes) >= _ROUTE_CACHE:
             self._routes.clear()
-        route = _Route(list(ids), {c: j for j, c in enumerate(ids)}, index.get(ids), self._commits, index)
+        kids = np.asarray(ids, dtype=np.int64)
+        route = _Route(
+            list(ids), {c: j for j, c in enumerate(ids)}, index.get(ids), self._commits, index, kids
+        )
         self._routes[parent] = route
         return route
 
@@ -137,6 +142,8 @@ class RouteCache:
             return
         route.mat = grow(route.mat, len(ids))[: len(ids)]
         route.mat[changed] = index.get([ids[j] for j in changed])
+        route.kids = grow(route.kids, len(ids))
+        route.kids[changed] = [ids[j] for j in changed]
         for j in changed:
             if j < len(old) and route.pos.get(old[j]) == j:
                 del route.pos[old[j]]
@@ -147,8 +154,9 @@ class RouteCache:
         super()._vectors_written(ids)  # type: ignore[misc]
         self._commits += 1
         if ids:
-            for i in ids:
-                self._written_at[i] = self._commits
+            arr = np.fromiter(ids, dtype=np.int64, count=len(ids))
+            self._written_at = grow(self._written_at, int(arr.max()) + 1, fill=-1)
+            self._written_at[arr] = self._commits
             self._vec_log.append((self._commits, list(ids)))
             if len(self._vec_log) > _VEC_LOG:
                 self._log_floor = self._vec_log.pop(0)[0]
