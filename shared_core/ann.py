@@ -16,7 +16,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import faiss
 import numpy as np
@@ -140,6 +140,29 @@ class NeighbourSearch:
         index.nprobe = min(self.nprobe, nlist)
         self.used = True
         self._index, self._trained_n = index, n
+
+    def sync(
+        self,
+        n: int,
+        whole: Callable[[], tuple[np.ndarray, np.ndarray]],
+        gone: Sequence[int] | np.ndarray = (),
+        live: Sequence[int] | np.ndarray = (),
+        vectors: Callable[[Sequence[int] | np.ndarray], np.ndarray] | None = None,
+    ) -> bool:
+        """Bring the index to the current set of ``n`` vectors and say whether one is in use.
+
+        When :meth:`due`, :meth:`reset` from ``whole()`` (``(ids, vectors)`` of the whole set); else,
+        while an index is in use, :meth:`remove` the ids ``gone`` and :meth:`upsert` the ids ``live``
+        (new or changed since the last call) with ``vectors(live)``.
+        """
+        if self.due(n):
+            self.reset(*whole())
+        elif self._index is not None:
+            self.remove(gone)
+            if len(live):
+                assert vectors is not None
+                self.upsert(live, vectors(live))
+        return self._index is not None
 
     def remove(self, ids: Sequence[int] | np.ndarray) -> None:
         """Remove ids (unknown ids are ignored; nothing to do while exhaustive)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from .arrays import grow, lookup
 from .types import EmbeddingError, InvalidInputError, PersistenceError
 
 __all__ = ["NodeIndex", "inner_products", "normalize_rows"]
@@ -199,11 +200,7 @@ class NodeIndex:
         ok = (ids >= 0) & (ids < cap)
         if not ok.any():
             return
-        top = int(ids[ok].max()) + 1
-        if top > len(self._row_arr):
-            grown = np.full(max(top, 2 * len(self._row_arr)), -1, dtype=np.int64)
-            grown[: len(self._row_arr)] = self._row_arr
-            self._row_arr = grown
+        self._row_arr = grow(self._row_arr, int(ids[ok].max()) + 1, fill=-1)
         self._row_arr[ids[ok]] = rows[ok]
 
     def _raw_matrix(self, n: int) -> np.ndarray:
@@ -292,10 +289,7 @@ class NodeIndex:
     def rows(self, ids: Iterable[int] | np.ndarray) -> np.ndarray:
         """Row positions of ids (``-1`` for an id that is not indexed), ``int64`` array in the order given."""
         ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
-        arr = self._row_arr
-        inside = (ids >= 0) & (ids < len(arr))
-        out = np.full(len(ids), -1, dtype=np.int64)
-        out[inside] = arr[ids[inside]]
+        out = lookup(self._row_arr, ids, -1)
         for j in np.flatnonzero(out < 0).tolist():  # not indexed, or kept in the dict only
             out[j] = self._row_of.get(int(ids[j]), -1)
         return out

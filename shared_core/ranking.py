@@ -277,16 +277,16 @@ class Ranking:
         if ns is None or self._ns_of is not idx or ns.exact_max != limit:
             ns = self._ns = NeighbourSearch(limit, nprobe=NODE_SEARCH_NPROBE, codes="sq8", lists_per_sqrt=1.0)
             self._ns_of, self._ns_dirty = idx, set()
-        if ns.due(len(idx)):
-            ns.reset(idx.ids, idx.matrix())
-        elif not ns.exhaustive and self._ns_dirty:
-            dirty = sorted(self._ns_dirty)
-            ns.remove([i for i in dirty if i not in idx])
-            live = [i for i in dirty if i in idx]
-            if live:
-                ns.upsert(live, idx.get(live))
+        dirty = sorted(self._ns_dirty)
+        used = ns.sync(
+            len(idx),
+            lambda: (idx.ids, idx.matrix()),
+            gone=[i for i in dirty if i not in idx],
+            live=[i for i in dirty if i in idx],
+            vectors=idx.get,
+        )
         self._ns_dirty = set()
-        return None if ns.exhaustive else ns
+        return ns if used else None
 
     def _relevance_candidates(
         self, query: str, kind: str, weight: float, m: int, qvec: np.ndarray

@@ -164,14 +164,16 @@ class _Derived:
 
     def sem_searcher(self) -> Search | None:
         """The semantic neighbour search, holding every current semantic, or ``None`` (exhaustive)."""
-        n = len(self.sem_ids)
+        n, done = len(self.sem_ids), self._searched_n
         ns = self.sem_search
-        if ns.due(n):
-            ns.reset(self.sem_id_array(), self.sem_matrix())
-        elif not ns.exhaustive and n > self._searched_n:
-            ns.upsert(self.sem_id_array()[self._searched_n :], self.sem_matrix()[self._searched_n :])
+        used = ns.sync(
+            n,
+            lambda: (self.sem_id_array(), self.sem_matrix()),
+            live=self.sem_id_array()[done:],
+            vectors=lambda _: self.sem_matrix()[done:],
+        )
         self._searched_n = n
-        return None if ns.exhaustive else ns.search
+        return ns.search if used else None
 
     def theme_searcher(self) -> Search | None:
         """The theme neighbour search, holding every current theme centroid, or ``None`` (exhaustive)."""
@@ -179,12 +181,12 @@ class _Derived:
         ts = self.theme_stats
         assert isinstance(ts, _Themes)
         ns = self.theme_search
-        if ns.due(len(tids)):
-            ns.reset(self.theme_id_array(), tmat)
-        elif not ns.exhaustive:
-            ns.remove(sorted(t for t in ts.unsearched if t not in ts))
-            live = sorted(t for t in ts.searched if t in ts)
-            if live:
-                ns.upsert(live, tmat[[self._tpos[t] for t in live]])
+        used = ns.sync(
+            len(tids),
+            lambda: (self.theme_id_array(), tmat),
+            gone=sorted(t for t in ts.unsearched if t not in ts),
+            live=sorted(t for t in ts.searched if t in ts),
+            vectors=lambda live: tmat[[self._tpos[t] for t in live]],
+        )
         ts.searched, ts.unsearched = set(), set()
-        return None if ns.exhaustive else ns.search
+        return ns.search if used else None
