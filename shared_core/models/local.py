@@ -5,7 +5,10 @@ sentence-transformers on torch, and ONNX Runtime on an ONNX graph exported local
 weights the first time it is needed (``torch.onnx``; about a second of CPU) and kept in a cache
 directory. ONNX Runtime costs about half the CPU of torch per message embedded one per call, which is
 how a chat adds messages; the default ``backend="auto"`` uses it when ``onnxruntime`` and ``onnx`` are
-installed and falls back to torch otherwise. (sentence-transformers' own ``backend="onnx"`` goes through
+installed and falls back to torch otherwise. On ONNX Runtime several texts in one call are packed into
+rows instead of padded to the longest (each text attends only to its own tokens, so its vector is the one
+it gets alone): a message's sentences, a batch of facts or of summaries cost the model their own tokens
+only. (sentence-transformers' own ``backend="onnx"`` goes through
 ``optimum-onnx``, whose releases pin a ``transformers`` older than the one sentence-transformers needs,
 so the graph is exported with ``torch.onnx`` here and run with ``onnxruntime`` directly.)
 """
@@ -30,7 +33,7 @@ import numpy as np
 from ..types import EmbeddingError, InvalidInputError, UnknownPolicyError
 from .base import validate_embeddings
 
-__all__ = ["BACKENDS", "LocalEmbedder", "default_cache_dir", "pool_spans"]
+__all__ = ["BACKENDS", "LocalEmbedder", "default_cache_dir", "pack_rows", "pool_spans"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +44,8 @@ _MODELS: dict[tuple[Any, ...], Any] = {}
 _MODELS_LOCK = threading.Lock()
 _ONNX_SOURCES: dict[tuple[str, str], str | bytes] = {}  # (model dir, cache dir) -> file path or graph
 _AUTO: dict[tuple[str, str], str] = {}  # (model dir, cache dir) -> the backend "auto" resolved to
-_EXPORT_FORMAT = "1"  # bump when the exported graph changes
-_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_EXPORT_FORMAT = "2"  # bump when the exported graph changes (2: packed rows)
+_INPUTS = ("input_ids", "position_ids", "segment_ids")
 _PROBES = (
     "Hey! Good to see you again, how have you been?",
     "ok",
@@ -122,7 +125,16 @@ def _export_key(model_dir: Path) -> str:
 
 
 class _OnnxEncoder:
-    """Tokenizer + ONNX Runtime session + mean pooling: what sentence-transformers computes on torch."""
+    """Tokenizer + ONNX Runtime session + mean pooling: what sentence-transformers computes on torch.
+
+    Several texts share a forward pass packed, not padded: their tokens are laid end to end in rows of at
+    most the model's input length, each text with its own positions (from 0) and attending only to its
+    own tokens (the graph builds a block-diagonal attention mask from a segment id per token). A packed
+    text's token states are the ones it gets alone, so its vector is the one ``embed([text])`` gives (to
+    float rounding), while the pass computes only real tokens instead of every text padded to the
+    longest one: packing without cross-contamination (Krell et al., 2021, "Efficient Sequence Packing
+    without Cross-contamination", Sec. 3).
+    """
 
     def __init__(self, source: str | bytes, model_dir: Path, threads: int) -> None:
         import onnxruntime as ort
@@ -135,21 +147,16 @@ class _OnnxEncoder:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         self.input_names = {i.name for i in self.session.get_inputs()}
+        if self.input_names != set(_INPUTS):
+            raise EmbeddingError(f"ONNX graph inputs {sorted(self.input_names)}, expected {list(_INPUTS)}.")
         tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         pad = _read_json(model_dir / "tokenizer.json").get("padding") or {}
-        tok.enable_truncation(max_length=_max_seq_length(model_dir))
-        tok.enable_padding(pad_id=int(pad.get("pad_id", 0)), pad_token=str(pad.get("pad_token", "[PAD]")))
+        self.max_len = _max_seq_length(model_dir)
+        tok.enable_truncation(max_length=self.max_len)
+        tok.no_padding()  # rows are packed and padded here
+        self.pad_id = int(pad.get("pad_id", 0))
         self.tokenizer = tok
         self.always_normalize = _normalizes(model_dir)
-
-    def _run(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-        """One forward pass: ``(token states float32 (b, T, d), attention mask int64 (b, T), encodings)``."""
-        enc = self.tokenizer.encode_batch(texts)
-        ids = np.asarray([e.ids for e in enc], dtype=np.int64)
-        mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
-        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-        hidden = self.session.run(None, {k: v for k, v in feed.items() if k in self.input_names})[0]
-        return np.asarray(hidden, dtype=np.float32), mask, enc
 
     def encode(self, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
         return self.encode_spans(texts, None, batch_size, normalize)[0]
@@ -161,21 +168,66 @@ class _OnnxEncoder:
         batch_size: int,
         normalize: bool,
     ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # little padding per batch
-        out = np.empty((len(texts), 0), dtype=np.float32)
+        """Vectors of ``texts`` (and of ``spans`` of each, see :func:`pool_spans`), ``batch_size`` packed
+        rows per forward pass."""
+        enc = self.tokenizer.encode_batch(texts)
+        rows = pack_rows([len(e.ids) for e in enc], self.max_len)
+        rows.sort(key=lambda r: -sum(len(enc[i].ids) for i in r))  # rows of a pass have similar lengths
+        out = np.zeros((len(texts), 0), dtype=np.float32)
         parts: list[np.ndarray] | None = [np.empty(0)] * len(texts) if spans is not None else None
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
-            hidden, mask, enc = self._run([texts[i] for i in idx])
-            vecs = _mean_pool(hidden, mask, normalize or self.always_normalize)
-            if out.shape[1] == 0:
-                out = np.empty((len(texts), vecs.shape[1]), dtype=np.float32)
-            out[idx] = vecs
-            if parts is not None:
-                assert spans is not None
-                for row, i in enumerate(idx):
-                    parts[i] = pool_spans(hidden[row], enc[row].offsets, spans[i])
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            width = max(sum(len(enc[i].ids) for i in r) for r in batch)
+            ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+            pos = np.zeros((len(batch), width), dtype=np.int64)
+            seg = np.full((len(batch), width), -1, dtype=np.int64)  # padding attends to padding only
+            where: list[tuple[int, int, int, int]] = []  # (text, row, first token, end)
+            for b, row in enumerate(batch):
+                at = 0
+                for j, i in enumerate(row):
+                    n = len(enc[i].ids)
+                    ids[b, at : at + n] = enc[i].ids
+                    pos[b, at : at + n] = np.arange(n)
+                    seg[b, at : at + n] = j
+                    where.append((i, b, at, at + n))
+                    at += n
+            feed = {"input_ids": ids, "position_ids": pos, "segment_ids": seg}
+            hidden = np.asarray(self.session.run(None, feed)[0], dtype=np.float32)
+            for i, b, a, e in where:
+                states = hidden[b, a:e]
+                v = states.mean(axis=0)
+                if out.shape[1] == 0:
+                    out = np.zeros((len(texts), v.shape[0]), dtype=np.float32)
+                out[i] = v
+                if parts is not None:
+                    assert spans is not None
+                    parts[i] = pool_spans(states, enc[i].offsets, spans[i])
+        if normalize or self.always_normalize:
+            out /= np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)
         return out, parts
+
+
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Pack sequences into rows of at most ``capacity`` tokens (next fit, longest first).
+
+    Args:
+        lengths: token count of each sequence (each at most ``capacity``, else it has a row alone).
+        capacity: tokens per row.
+
+    Returns:
+        Rows of sequence indices: every index once; a row's lengths sum to at most ``capacity`` unless
+        it holds one sequence longer than that.
+    """
+    rows: list[list[int]] = []
+    room = 0
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if rows and lengths[i] <= room:
+            rows[-1].append(i)
+            room -= lengths[i]
+        else:
+            rows.append([i])
+            room = capacity - lengths[i]
+    return rows
 
 
 def _mean_pool(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
@@ -248,31 +300,43 @@ def _torch_spans(
 
 
 def _export_onnx(model_dir: Path) -> bytes:
-    """Export the packaged transformer to an ONNX graph (in memory) and check it against torch."""
+    """Export the packed-rows graph of the packaged transformer (in memory) and check it against torch.
+
+    The graph takes ``input_ids``, ``position_ids`` and ``segment_ids`` (int64, ``(rows, tokens)``) and
+    returns the last hidden states ``float32 (rows, tokens, 384)``; a token attends only to the tokens of
+    its row with the same segment id (see :class:`_OnnxEncoder`).
+    """
     import io
 
     import torch
 
     st = _load_torch(str(model_dir), "cpu")
     bert = st[0].auto_model.eval()
+    bert.config._attn_implementation = "eager"  # a plain additive mask, exported as MatMul/Add/Softmax
 
-    class _Hidden(torch.nn.Module):
+    class _Packed(torch.nn.Module):
         def __init__(self, model: Any) -> None:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            kw = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-            return self.model(**kw).last_hidden_state
+        def forward(self, input_ids: Any, position_ids: Any, segment_ids: Any) -> Any:
+            x = self.model.embeddings(
+                input_ids=input_ids, position_ids=position_ids, token_type_ids=torch.zeros_like(input_ids)
+            )
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            blocked = torch.tensor(torch.finfo(torch.float32).min)
+            mask = torch.where(same, torch.tensor(0.0), blocked)[:, None]  # (rows, 1, tokens, tokens)
+            return self.model.encoder(x, attention_mask=mask).last_hidden_state
 
     x = torch.ones((2, 8), dtype=torch.long)
-    axes = {name: {0: "batch", 1: "tokens"} for name in (*_INPUTS, "last_hidden_state")}
+    pos = torch.arange(8).repeat(2, 1)
+    axes = {name: {0: "rows", 1: "tokens"} for name in (*_INPUTS, "last_hidden_state")}
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            _Hidden(bert).eval(),
-            (x, x, torch.zeros_like(x)),
+            _Packed(bert).eval(),
+            (x, pos, torch.zeros_like(x)),
             buf,
             dynamo=False,
             input_names=list(_INPUTS),
@@ -284,8 +348,10 @@ def _export_onnx(model_dir: Path) -> bytes:
     graph = buf.getvalue()
     probes = list(_PROBES)
     want = st.encode(probes, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
-    got = _OnnxEncoder(graph, model_dir, 1).encode(probes, batch_size=len(probes), normalize=True)
-    cos = (np.asarray(want, dtype=np.float32) * got).sum(axis=1)
+    enc = _OnnxEncoder(graph, model_dir, 1)
+    packed = enc.encode(probes, batch_size=len(probes), normalize=True)  # one row: no cross-talk allowed
+    alone = np.concatenate([enc.encode([p], batch_size=1, normalize=True) for p in probes])
+    cos = np.minimum((np.asarray(want, dtype=np.float32) * packed).sum(axis=1), (alone * packed).sum(axis=1))
     if not np.all(cos >= 0.999):
         raise EmbeddingError(f"The exported ONNX graph disagrees with torch (cosine {cos.min():.4f}).")
     return graph
@@ -321,7 +387,9 @@ class LocalEmbedder:
     (``HF_HUB_OFFLINE=1`` is set while loading).
 
     Args:
-        batch_size: texts per forward pass, default 64.
+        batch_size: texts per forward pass, default 64; on ONNX Runtime, packed rows per forward pass
+            (a row holds as many texts as fit in the model's 256 word pieces, each attending only to its
+            own tokens).
         device: torch device, default ``"cpu"``. The ONNX backend runs on the CPU only.
         normalize: return L2-normalised vectors, default ``True`` (the model's pipeline normalises
             anyway, so both backends return unit vectors either way).
