@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared_core.arrays import positions
 from shared_core.base import count_tokens
 from shared_core.index import inner_products, normalize_rows
 from shared_core.models.openai_models import OpenAIChat
@@ -185,6 +186,10 @@ def check_invariants(mem: XMemory) -> None:
         assert sorted(d.sem_id_array().tolist()) == sorted(sems)
         tids, tmat = d.theme_matrix()
         assert d.theme_id_array().tolist() == tids == sorted(levels(mem, 3))
+        for ids, inv in ((d.sem_id_array(), d.sem_positions()), (d.theme_id_array(), d.theme_positions())):
+            # the id -> position maps kept in place are the inverse of the id arrays
+            ref = positions(ids)
+            assert np.array_equal(inv[: len(ref)], ref) and not np.any(inv[len(ref) :] != -1)
         graphs = (
             (d.sem_graph, d.sem_id_array(), d.sem_matrix(), d.sem_search),
             (d.theme_graph, tids, tmat, d.theme_search),

@@ -392,7 +392,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             linked.append(node.id)
             self._count("semantics_created")
         if created:
-            d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created, d.sem_searcher())
+            d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created, d.sem_searcher(), d.sem_positions())
         return linked, created, merged
 
     def _attach_to_theme(self, sid: int, d: _Derived) -> int:
@@ -431,7 +431,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         if gone:
             d.theme_graph.remove(gone, d.theme_id_array(), tmat, search)
         if live:
-            d.theme_graph.upsert(d.theme_id_array(), tmat, live, search)
+            d.theme_graph.upsert(d.theme_id_array(), tmat, live, search, d.theme_positions())
         return tids, tmat, search
 
     def _objective_with(self, d: _Derived, replace: Mapping[int, list[list[int]]]) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..ann import NeighbourSearch
-from ..arrays import grow
+from ..arrays import grow, positions
 from ..index import normalize_rows
 from .knn import KNNGraph, Search
 
@@ -77,11 +77,13 @@ class _Derived:
     theme_graph: KNNGraph
     _buf: np.ndarray | None = None
     _sid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _spos: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _n: int = 0
     _tids: list[int] = dataclasses.field(default_factory=list)
     _tpos: dict[int, int] = dataclasses.field(default_factory=dict)
     _tbuf: np.ndarray | None = None
     _tid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _tposa: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _tsize: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     _tcoh: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     sem_search: NeighbourSearch = dataclasses.field(default_factory=lambda: NeighbourSearch(None))
@@ -103,6 +105,9 @@ class _Derived:
         self._buf[self._n : n] = new
         self._sid = grow(self._sid, n, minimum=64)
         self._sid[self._n : n] = self.sem_ids[self._n : n]
+        added = self._sid[self._n : n]
+        self._spos = grow(self._spos, int(added.max()) + 1, fill=-1, minimum=64)
+        self._spos[added] = np.arange(self._n, n, dtype=np.int64)
         self._n = n
 
     def sem_matrix(self) -> np.ndarray:
@@ -117,6 +122,17 @@ class _Derived:
         """``sem_ids`` as an ``int64`` array ``(len(sem_ids),)`` (a view, grown in place)."""
         self._sem_sync()
         return self._sid[: len(self.sem_ids)]
+
+    def sem_positions(self) -> np.ndarray:
+        """The inverse of :meth:`sem_id_array`: ``int64`` by semantic id, its position, ``-1`` for other ids
+        (as :func:`~shared_core.arrays.positions`, possibly longer; kept in place, not rebuilt per call)."""
+        self._sem_sync()
+        return self._spos
+
+    def theme_positions(self) -> np.ndarray:
+        """The inverse of :meth:`theme_id_array` as of the last :meth:`theme_matrix` (``-1`` for other ids;
+        kept in place while themes are only added or changed)."""
+        return self._tposa
 
     def theme_id_array(self) -> np.ndarray:
         """The theme ids of the last :meth:`theme_matrix` as an ``int64`` array (a view)."""
@@ -134,6 +150,7 @@ class _Derived:
         if not ts:
             ts.dirty, ts.removed = set(), True
             self._tids, self._tpos = [], {}
+            self._tposa = np.zeros(0, dtype=np.int64)
             return [], np.zeros((0, 1))
         new = sorted(t for t in ts.dirty if t not in self._tpos)
         if ts.removed or self._tbuf is None or (new and self._tids and new[0] < self._tids[-1]):
@@ -143,12 +160,16 @@ class _Derived:
             self._tbuf = grow(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids), minimum=64)
             self._tbuf[: len(ids)] = mat
             self._tid = np.asarray(ids, dtype=np.int64)
+            self._tposa = positions(self._tid)
             self._tsize = np.asarray([ts[t][0] for t in ids], dtype=np.float64)
             self._tcoh = np.asarray([ts[t][1] for t in ids], dtype=np.float64)
         elif ts.dirty:
             self._tid = grow(self._tid, len(self._tids) + len(new), minimum=64)
+            if new:
+                self._tposa = grow(self._tposa, new[-1] + 1, fill=-1, minimum=64)
             for t in new:
                 self._tpos[t] = len(self._tids)
+                self._tposa[t] = len(self._tids)
                 self._tid[len(self._tids)] = t
                 self._tids.append(t)
             self._tbuf = grow(self._tbuf, len(self._tids), minimum=64)

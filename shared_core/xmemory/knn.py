@@ -125,6 +125,7 @@ class KNNGraph:
         mat: np.ndarray,
         changed: Iterable[int],
         search: Search | None = None,
+        inv: np.ndarray | None = None,
     ) -> None:
         """Add new nodes or update nodes whose vectors changed.
 
@@ -134,9 +135,12 @@ class KNNGraph:
             mat: their unit vectors, float32 ``(N, d)``, in the order of ``ids``.
             changed: ids (within ``ids``) that are new or whose vector changed.
             search: candidate search over the current vectors, or ``None`` (exact: every node).
+            inv: the inverse of ``ids`` (``inv[ids[j]] == j``, ``-1`` for other ids; may be longer), when
+                the caller keeps one; default ``None``: :func:`~shared_core.arrays.positions` of ``ids``,
+                O(N) per call.
         """
         ids_arr = np.asarray(ids, dtype=np.int64)
-        inv = positions(ids_arr)
+        inv = positions(ids_arr) if inv is None else inv
         ch = [c for c in dict.fromkeys(int(c) for c in changed) if 0 <= c < len(inv) and inv[c] >= 0]
         if not ch:
             return
