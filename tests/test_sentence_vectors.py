@@ -232,3 +232,30 @@ def test_a_memory_on_the_real_model_embeds_each_message_once(backends):
         mem.add(m)
     assert mem.usage.embedded_texts == 3 and mem.usage.embed_calls == 3
     assert re.search(r"pottery", mem.retrieve("pottery class", k=1)[0].text)
+
+
+def test_xmemory_theme_summaries_reuse_their_facts_vectors():
+    """A theme's summary is made of its facts' stored texts ("[date] speaker: sentence"); composing its
+    vector takes each fact's own vector (its "speaker: sentence" key's) instead of embedding the dated
+    text again."""
+    from shared_core import XMemory
+    from shared_core.types import Message
+    from shared_core.xmemory.memory import SEMANTIC, THEME
+
+    emb = SpanEmbedder()
+    x = XMemory(embedder=emb, max_episode_messages=3, dedup_threshold=1.0)  # every fact its own semantic
+    for i in range(9):
+        day = f"2024-01-0{1 + i // 3}T10:00"
+        x.add(Message(f"I walked the dog in Paris on day {i} with Anna.", speaker="Ben", timestamp=day))
+    x.flush()
+    nodes = x._store.nodes.values()
+    facts = {n.text: n.id for n in nodes if n.level == SEMANTIC}
+    assert len(facts) == 9 and all(t.startswith("[") for t in facts)
+    assert not any(t in emb.seen for t in facts)  # the dated fact texts were never embedded
+    themes = [n for n in nodes if n.level == THEME and len(n.children) > 1]
+    assert themes
+    for th in themes:
+        parts = split_sentences(th.text)
+        assert set(parts) <= set(facts)
+        want = x._index.get([facts[p] for p in parts]).mean(axis=0)
+        assert np.allclose(x._index.get([th.id])[0], want / np.linalg.norm(want), atol=1e-5)

@@ -393,6 +393,9 @@ class _XMemoryConstruction(HierarchicalMemory):
             self._count("semantics_created")
         if created:
             d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created, d.sem_searcher(), d.sem_positions())
+            seed = self._summarizer_hook("seed")
+            if seed is not None:  # a theme summary composed of facts reads each fact's own vector
+                seed([st.nodes[s].text for s in created], np.stack([d.sem_vec[s] for s in created]))
         return linked, created, merged
 
     def _attach_to_theme(self, sid: int, d: _Derived) -> int:
