@@ -132,10 +132,11 @@ def test_plan_rows_is_never_dearer_than_padding(lengths, batch_size):
 
 
 def test_plan_rows_by_hand():
-    # 119 and 104 in one row of 223 would pad the other row to 223 as well (2 x 223 x 1.223 = 545);
-    # a row each costs 3 x 119 x 1.119 = 400; 104 + 54 in one row, 119 alone: 2 x 158 x 1.158 = 366
+    # (A = 540) 119 and 104 in one row of 223 would pad the other row to 223 as well: 2 x 223 x 1.413 =
+    # 630; a row each: 3 x 119 x 1.220 = 436; 104 + 54 in one row, 119 alone: 2 x 158 x 1.293 = 409
+    assert local.ATTENTION_WIDTH == 540
     assert local.plan_rows([119, 104, 54], 256, 64) == [[1, 2], [0]]
-    # 126 + 60 in one row: 186 x 1.186 = 221 against 2 x 126 x 1.126 = 284
+    # 126 + 60 in one row: 186 x 1.344 = 250 against 2 x 126 x 1.233 = 311
     assert local.plan_rows([126, 60], 256, 64) == [[0, 1]]
     assert local.plan_rows([], 256, 64) == []
 
