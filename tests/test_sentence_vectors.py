@@ -234,7 +234,7 @@ def test_a_memory_on_the_real_model_embeds_each_message_once(backends):
     assert re.search(r"pottery", mem.retrieve("pottery class", k=1)[0].text)
 
 
-def test_xmemory_theme_summaries_reuse_their_facts_vectors():
+def test_xmemory_theme_summaries_reuse_their_facts_vectors(tmp_path):
     """A theme's summary is made of its facts' stored texts ("[date] speaker: sentence"); composing its
     vector takes each fact's own vector (its "speaker: sentence" key's) instead of embedding the dated
     text again."""
@@ -259,3 +259,21 @@ def test_xmemory_theme_summaries_reuse_their_facts_vectors():
         assert set(parts) <= set(facts)
         want = x._index.get([facts[p] for p in parts]).mean(axis=0)
         assert np.allclose(x._index.get([th.id])[0], want / np.linalg.norm(want), atol=1e-5)
+    # a memory loaded from a save composes its themes the same way as one that was never saved
+    path = x.save(tmp_path / "x")
+    # (these attach to the themes above, whose summaries are then composed again)
+    more = [
+        Message(
+            f"I walked the dog in Paris on day {i} with Anna today.",
+            speaker="Ben",
+            timestamp="2024-02-01T10:00",
+        )
+        for i in range(4)
+    ]
+    y = XMemory.load(path, embedder=emb)
+    for mem in (x, y):
+        mem.add(more)
+        mem.flush()
+    assert not any(t in emb.seen for t in facts)
+    for th in (n for n in x._store.nodes.values() if n.level == THEME):
+        assert np.allclose(x._index.get([th.id])[0], y._index.get([th.id])[0], atol=1e-6)

@@ -103,6 +103,9 @@ class _XMemoryConstruction(HierarchicalMemory):
             sem_search=NeighbourSearch(self.exact_search_max),
             theme_search=NeighbourSearch(self.exact_search_max),
         )
+        seed = self._summarizer_hook("seed")
+        if seed is not None and sem_ids:  # as when each fact was added (see _add_semantics), after a load too
+            seed([st.nodes[i].text for i in sem_ids], np.stack([sem_vec[i] for i in sem_ids]))
         for t in self._ids_at(THEME):
             members = [c for c in st.nodes[t].children if c in sem_vec]
             if members:
