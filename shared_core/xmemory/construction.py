@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..ann import NeighbourSearch
+from ..arrays import lookup
 from ..base import HierarchicalMemory
 from ..index import inner_products, normalize_rows
 from ..models.parsing import complete_parsed, parse_json_object
@@ -103,9 +104,7 @@ class _XMemoryConstruction(HierarchicalMemory):
             sem_search=NeighbourSearch(self.exact_search_max),
             theme_search=NeighbourSearch(self.exact_search_max),
         )
-        seed = self._summarizer_hook("seed")
-        if seed is not None and sem_ids:  # as when each fact was added (see _add_semantics), after a load too
-            seed([st.nodes[i].text for i in sem_ids], np.stack([sem_vec[i] for i in sem_ids]))
+        self._seed_fact_texts(sem_ids, sem_vec)  # as when each fact was added, after a load too
         for t in self._ids_at(THEME):
             members = [c for c in st.nodes[t].children if c in sem_vec]
             if members:
@@ -396,10 +395,15 @@ class _XMemoryConstruction(HierarchicalMemory):
             self._count("semantics_created")
         if created:
             d.sem_graph.upsert(d.sem_id_array(), d.sem_matrix(), created, d.sem_searcher(), d.sem_positions())
-            seed = self._summarizer_hook("seed")
-            if seed is not None:  # a theme summary composed of facts reads each fact's own vector
-                seed([st.nodes[s].text for s in created], np.stack([d.sem_vec[s] for s in created]))
+            self._seed_fact_texts(created, d.sem_vec)
         return linked, created, merged
+
+    def _seed_fact_texts(self, sems: list[int], vecs: Mapping[int, np.ndarray]) -> None:
+        """Give the summariser each semantic's vector under its stored text, so a theme summary composed
+        of facts (``"[date] speaker: sentence"``) reads each fact's own vector instead of embedding it."""
+        seed = self._summarizer_hook("seed")
+        if seed is not None and sems:
+            seed([self._store.nodes[s].text for s in sems], np.stack([vecs[s] for s in sems]))
 
     def _attach_to_theme(self, sid: int, d: _Derived) -> int:
         st = self._store
@@ -408,7 +412,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         tids, tmat = d.theme_matrix()
         target = None
         if search is not None:
-            best = _nearest_candidate(search, v, lambda t: tmat[d._tpos[t]])
+            best = _nearest_candidate(search, v, lambda t: tmat[d.theme_pos(t)])
             if best is not None and best[1] >= self.attach_threshold:
                 target = best[0]
         elif tids:
@@ -455,9 +459,9 @@ class _XMemoryConstruction(HierarchicalMemory):
         g = d.theme_graph
         ids = d.theme_id_array()
         sizes, cohs = d.theme_sizes_cohesions()
-        gone = [t for t in replace if t in d._tpos]
+        gone = [t for t in replace if d.theme_pos(t) >= 0]
         keep = np.ones(len(tids), dtype=bool)
-        keep[[d._tpos[t] for t in gone]] = False
+        keep[[d.theme_pos(t) for t in gone]] = False
         stats = [self._stats_of(d, grp) for groups in replace.values() for grp in groups if grp]
         new_sizes = np.concatenate([sizes[keep], [n for n, _, _ in stats]])
         new_cohs = np.concatenate([cohs[keep], [c for _, c, _ in stats]])
@@ -466,18 +470,18 @@ class _XMemoryConstruction(HierarchicalMemory):
         s = g.nearest(ids)
         gone_set = set(gone)
         for j in sorted(set().union(*(g.listed_by(t) for t in gone)) - gone_set):
-            row = g.rows[j]
+            row, pj = g.rows[j], d.theme_pos(j)
             best = [v for u, v in row.items() if u not in gone_set]
             if best:
-                s[d._tpos[j]] = max(best)
-            elif search is not None and (got := self._best_kept(d, search, tmat[d._tpos[j]], keep, j)):
-                s[d._tpos[j]] = got[0]
+                s[pj] = max(best)
+            elif search is not None and (got := self._best_kept(d, search, tmat[pj], keep, j)):
+                s[pj] = got[0]
             elif keep.sum() > 1:  # every listed neighbour is replaced: the best of the others
                 others = keep.copy()
-                others[d._tpos[j]] = False
-                s[d._tpos[j]] = float(inner_products(tmat[others], tmat[d._tpos[j]]).max())
+                others[pj] = False
+                s[pj] = float(inner_products(tmat[others], tmat[pj]).max())
             else:
-                s[d._tpos[j]] = -np.inf
+                s[pj] = -np.inf
         s_keep = s[keep]
         if stats:
             G = normalize_rows(np.stack([mu for _, _, mu in stats]).astype(np.float32))
@@ -509,9 +513,9 @@ class _XMemoryConstruction(HierarchicalMemory):
         all; ``skip`` left out), as ``(best similarity, (positions, similarities))``, or ``None`` when
         none is kept."""
         cand = search(v, 2 * self.knn_k + 1)[0]
-        pos = np.asarray(
-            [d._tpos[int(c)] for c in cand if c >= 0 and c != skip and int(c) in d._tpos], dtype=np.int64
-        )
+        cand = cand[(cand >= 0) & (cand != (-1 if skip is None else skip))]
+        pos = lookup(d.theme_positions(), cand, -1)
+        pos = pos[pos >= 0]
         if keep is not None:
             pos = pos[keep[pos]]
         if not len(pos):
@@ -576,7 +580,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         tids, tmat = d.theme_matrix()
         if len(tids) < 2:
             return None
-        me = d._tpos[t]
+        me = d.theme_pos(t)
         m = self.merge_candidates
         if search is not None:  # the m most similar candidates, ties by position
             got = self._best_kept(d, search, tmat[me], None, t)

@@ -80,7 +80,6 @@ class _Derived:
     _spos: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _n: int = 0
     _tids: list[int] = dataclasses.field(default_factory=list)
-    _tpos: dict[int, int] = dataclasses.field(default_factory=dict)
     _tbuf: np.ndarray | None = None
     _tid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _tposa: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -134,6 +133,10 @@ class _Derived:
         kept in place while themes are only added or changed)."""
         return self._tposa
 
+    def theme_pos(self, t: int) -> int:
+        """Row of theme ``t`` in the last :meth:`theme_matrix`, ``-1`` when it has none."""
+        return int(self._tposa[t]) if 0 <= t < len(self._tposa) else -1
+
     def theme_id_array(self) -> np.ndarray:
         """The theme ids of the last :meth:`theme_matrix` as an ``int64`` array (a view)."""
         return self._tid[: len(self._tids)]
@@ -149,14 +152,14 @@ class _Derived:
         assert isinstance(ts, _Themes)
         if not ts:
             ts.dirty, ts.removed = set(), True
-            self._tids, self._tpos = [], {}
+            self._tids = []
             self._tposa = np.zeros(0, dtype=np.int64)
             return [], np.zeros((0, 1))
-        new = sorted(t for t in ts.dirty if t not in self._tpos)
+        new = sorted(t for t in ts.dirty if self.theme_pos(t) < 0)
         if ts.removed or self._tbuf is None or (new and self._tids and new[0] < self._tids[-1]):
             ids = sorted(ts)
             mat = normalize_rows(np.stack([ts[t][2] for t in ids]).astype(np.float32))
-            self._tids, self._tpos = ids, {t: j for j, t in enumerate(ids)}
+            self._tids = ids
             self._tbuf = grow(np.empty((0, mat.shape[1]), dtype=np.float32), len(ids), minimum=64)
             self._tbuf[: len(ids)] = mat
             self._tid = np.asarray(ids, dtype=np.int64)
@@ -168,7 +171,6 @@ class _Derived:
             if new:
                 self._tposa = grow(self._tposa, new[-1] + 1, fill=-1, minimum=64)
             for t in new:
-                self._tpos[t] = len(self._tids)
                 self._tposa[t] = len(self._tids)
                 self._tid[len(self._tids)] = t
                 self._tids.append(t)
@@ -176,7 +178,7 @@ class _Derived:
             self._tsize = grow(self._tsize, len(self._tids), minimum=64)
             self._tcoh = grow(self._tcoh, len(self._tids), minimum=64)
             rows = sorted(ts.dirty)
-            at = [self._tpos[t] for t in rows]
+            at = self._tposa[rows]
             self._tbuf[at] = normalize_rows(np.stack([ts[t][2] for t in rows]).astype(np.float32))
             self._tsize[at] = [ts[t][0] for t in rows]
             self._tcoh[at] = [ts[t][1] for t in rows]
@@ -207,7 +209,7 @@ class _Derived:
             lambda: (self.theme_id_array(), tmat),
             gone=sorted(t for t in ts.unsearched if t not in ts),
             live=sorted(t for t in ts.searched if t in ts),
-            vectors=lambda live: tmat[[self._tpos[t] for t in live]],
+            vectors=lambda live: tmat[self._tposa[live]],
         )
         ts.searched, ts.unsearched = set(), set()
         return ns.search if used else None
