@@ -197,7 +197,17 @@ def mcp(
         None,
         "--http",
         metavar="HOST:PORT",
-        help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (e.g. 127.0.0.1:8000).",
+        help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (e.g. 127.0.0.1:8000). A HOST "
+        "other than loopback (127.0.0.0/8, ::1, localhost) needs --tokens.",
+    ),
+    tokens: str | None = typer.Option(
+        None,
+        "--tokens",
+        metavar="FILE",
+        help='With --http: a JSON file {"<bearer token>": ["<namespace>", ...]} ("*" = every namespace). '
+        "Every request then needs 'Authorization: Bearer <token>' (HTTP 401 otherwise) and a token reaches "
+        "only its namespaces. Tokens: at least 32 characters of A-Z a-z 0-9 - . _ ~ + / (and '=' at the "
+        "end).",
     ),
     memory: str = typer.Option(
         "segtree", "--memory", help="Memory of new namespaces: segtree, memtree, hat or xmemory."
@@ -207,8 +217,10 @@ def mcp(
     memory_stats).
 
     Speaks MCP on stdin/stdout by default (for an MCP client's configuration), or streamable HTTP with
-    --http. Every namespace has its own memory; all share the embedded local embedder. Needs the "mcp"
-    extra of hiermem. Exit code 1 when an option is invalid or the store cannot be opened.
+    --http. Every namespace has its own memory; all share the embedded local embedder. Over HTTP,
+    --tokens maps bearer tokens to the namespaces each may use; without it the server only listens on
+    loopback, unauthenticated. Needs the "mcp" extra of hiermem. Exit code 1 when an option is invalid,
+    the tokens file is malformed, --http is not loopback without --tokens, or the store cannot be opened.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rich.markup import escape
@@ -225,9 +237,16 @@ def mcp(
         err.print(f"[red]unknown --memory {escape(memory)!r}; choose one of {', '.join(MEMORY_KINDS)}[/red]")
         raise typer.Exit(1)
     try:
-        serve(store, memory, http, on_ready=lambda line: err.print(line, markup=False, soft_wrap=True))
+        serve(
+            store,
+            memory,
+            http,
+            tokens=tokens,
+            on_ready=lambda line: err.print(line, markup=False, soft_wrap=True),
+            on_notice=lambda line: err.print(line, style="yellow", markup=False, soft_wrap=True),
+        )
     except HierMemError as e:
-        err.print(f"[red]cannot serve:[/red] {escape(str(e))}")
+        err.print(f"[red]cannot serve:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:  # pragma: no cover - interactive stop of the HTTP server
         pass

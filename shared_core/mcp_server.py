@@ -9,6 +9,10 @@ loaded once).
 Storage: in memory (lost when the server stops), one durable SQLite store per namespace under a
 directory, or one PostgreSQL database shared with other processes.
 
+Access: over stdio the client that spawns the server owns it. Over HTTP, a tokens file (see
+:mod:`shared_core.mcp_auth`) maps bearer tokens to the namespaces each may use; the server refuses to
+listen on an address other than loopback without one.
+
 Needs the ``mcp`` extra: ``pip install "hiermem[mcp]"``.
 
 Example:
@@ -22,8 +26,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,6 +41,18 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from .base import HierarchicalMemory
+from .mcp_auth import (
+    Grant,
+    TokenTable,
+    TokenTableVerifier,
+    UnauthenticatedBindError,
+    auth_settings,
+    current_grant,
+    is_loopback,
+    tokens_file_notice,
+    transport_security,
+    url_host,
+)
 from .models.base import Embedder
 from .namespaces import MAX_PART_CHARS, MemoryStore, normalize_namespace
 from .stores import is_postgres_url
@@ -55,6 +73,8 @@ __all__ = [
     "MEMORY_KINDS",
     "HierMemTools",
     "RecallHit",
+    "TokenTable",
+    "UnauthenticatedBindError",
     "build_server",
     "memory_factory",
     "open_store",
@@ -180,14 +200,51 @@ class HierMemTools:
 
     Args:
         store: the memories, one per namespace; an MCP namespace ``"x"`` is the store's ``("x",)``.
+        access: ``None`` (every namespace: stdio, or HTTP on loopback without tokens), or a callable
+            returning the :class:`~shared_core.mcp_auth.Grant` of the request being served (``None``
+            when it has none: every call is then refused).
 
-    Every method raises :class:`ToolError` (an MCP error result with a clear message) for bad arguments.
+    Every method raises :class:`ToolError` (an MCP error result with a clear message) for bad arguments
+    and for a namespace the request's token may not use (checked before the store is touched, with
+    one message whether the namespace exists or not).
     """
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: MemoryStore, access: Callable[[], Grant | None] | None = None) -> None:
         self.store = store
+        self.access = access
         self._probe: HierarchicalMemory | None = None
         self._probe_lock = threading.Lock()
+
+    def _grant(self) -> Grant | None:
+        """The request's grant; ``None`` without access control.
+
+        Raises:
+            ToolError: access control is on and the request carries no known token.
+        """
+        if self.access is None:
+            return None
+        grant = self.access()
+        if grant is None:
+            raise ToolError("Not authenticated: this server needs a bearer token.")
+        return grant
+
+    def _namespace(self, namespace: Any) -> tuple[str]:
+        """Validate a namespace (:func:`_check_namespace`) and check the request may use it.
+
+        The check is on the exact string the store keys the namespace by, so a token reaches its own
+        namespaces and no spelling of another.
+
+        Raises:
+            ToolError: a bad namespace, or one the request's token may not use.
+        """
+        grant = self._grant()
+        ns = _check_namespace(namespace)
+        if grant is not None and not grant.allows(ns[0]):
+            raise ToolError(
+                f"Access denied: this token may not use namespace {ns[0]!r} (its namespaces: "
+                f"{grant.describe()})."
+            )
+        return ns
 
     def _empty_memory(self) -> HierarchicalMemory:
         """An empty memory of the store's kind, to validate a recall in a namespace that does not exist
@@ -216,9 +273,9 @@ class HierMemTools:
             The message's id: pass it to forget; recall hits list it in source_ids.
 
         Raises:
-            ToolError: a bad namespace, empty text, an unreadable timestamp.
+            ToolError: a bad namespace or one the token may not use, empty text, an unreadable timestamp.
         """
-        ns = _check_namespace(namespace)
+        ns = self._namespace(namespace)
         if timestamp is None:
             timestamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         elif parse_timestamp(timestamp) is None:
@@ -258,10 +315,10 @@ class HierMemTools:
             (of a leaf's message).
 
         Raises:
-            ToolError: a bad namespace, an empty query, an unknown policy (the message names the
-                choices), an unreadable or reversed time range.
+            ToolError: a bad namespace or one the token may not use, an empty query, an unknown
+                policy (the message names the choices), an unreadable or reversed time range.
         """
-        ns = _check_namespace(namespace)
+        ns = self._namespace(namespace)
         kw: dict[str, Any] = {}
         if time_range_start is not None or time_range_end is not None:
             kw["time_range"] = (time_range_start, time_range_end)
@@ -297,9 +354,9 @@ class HierMemTools:
             How many messages were removed (1, or more when several messages share the id).
 
         Raises:
-            ToolError: a bad or unknown namespace, an unknown id.
+            ToolError: a bad or unknown namespace or one the token may not use, an unknown id.
         """
-        ns = _check_namespace(namespace)
+        ns = self._namespace(namespace)
         if not isinstance(id, str) or not id.strip():
             raise ToolError("id is empty; pass an id that remember returned.")
         with _as_tool_errors():
@@ -308,16 +365,18 @@ class HierMemTools:
             return int(self.store.delete(ns, id))
 
     def list_namespaces(self) -> list[str]:
-        """List the namespaces that have a memory, sorted.
+        """List the namespaces that have a memory, sorted (with a token: only those it may use).
 
         Returns:
             The namespace names (in-memory servers: those used since the server started).
 
         Raises:
-            ToolError: the store cannot be read.
+            ToolError: the store cannot be read; no token (with access control).
         """
+        grant = self._grant()
         with _as_tool_errors():
-            return [ns[0] for ns in self.store.list_namespaces() if len(ns) == 1]
+            names = [ns[0] for ns in self.store.list_namespaces() if len(ns) == 1]
+        return names if grant is None else [n for n in names if grant.allows(n)]
 
     def memory_stats(self, namespace: Namespace) -> dict[str, Any]:
         """Describe a namespace's memory: size, tree shape, model usage, retrieval policies.
@@ -330,9 +389,9 @@ class HierMemTools:
             mean_branching, usage, query_usage, policies, default_policy and kind-specific figures.
 
         Raises:
-            ToolError: a bad or unknown namespace.
+            ToolError: a bad or unknown namespace, or one the token may not use.
         """
-        ns = _check_namespace(namespace)
+        ns = self._namespace(namespace)
         with _as_tool_errors():
             mem = self.store.get(ns)
             if mem is None:
@@ -418,7 +477,14 @@ def _warm_up(embedder: Embedder) -> None:
         embedder.embed(["hiermem"])
 
 
-def build_server(store: MemoryStore, *, name: str = "hiermem", warm_up: Embedder | None = None) -> MCPServer:
+def build_server(
+    store: MemoryStore,
+    *,
+    name: str = "hiermem",
+    warm_up: Embedder | None = None,
+    tokens: TokenTable | None = None,
+    address: tuple[str, int] = ("127.0.0.1", 8000),
+) -> MCPServer:
     """An MCP server with the five memory tools over ``store``.
 
     Args:
@@ -426,6 +492,11 @@ def build_server(store: MemoryStore, *, name: str = "hiermem", warm_up: Embedder
         name: the server's name, reported to clients.
         warm_up: an embedder to load in a background thread when the server starts (the one the
             store's memories use), so the first call does not wait for the model; ``None``: no warm-up.
+        tokens: bearer tokens and their namespaces; ``None``: no access control. With tokens the
+            HTTP app answers only requests with ``Authorization: Bearer <a configured token>``
+            (HTTP 401 otherwise, the MCP SDK's bearer middleware) and each token reaches only its
+            namespaces; in-process and stdio clients carry no token, so every call is refused.
+        address: ``(host, port)`` the HTTP app is served at (the SDK's auth settings need a URL).
 
     Returns:
         An :class:`mcp.server.mcpserver.MCPServer`; ``.run()`` serves stdio,
@@ -442,6 +513,9 @@ def build_server(store: MemoryStore, *, name: str = "hiermem", warm_up: Embedder
             threading.Thread(target=_warm_up, args=(warm_up,), name="hiermem-warm-up", daemon=True).start()
         yield {}
 
+    auth: dict[str, Any] = {}
+    if tokens is not None:
+        auth = {"token_verifier": TokenTableVerifier(tokens), "auth": auth_settings(*address)}
     server: MCPServer = MCPServer(
         name,
         title="hiermem: hierarchical long-term memory",
@@ -449,8 +523,9 @@ def build_server(store: MemoryStore, *, name: str = "hiermem", warm_up: Embedder
         version=__version__,
         lifespan=lifespan,
         log_level="WARNING",
+        **auth,
     )
-    tools = HierMemTools(store)
+    tools = HierMemTools(store, access=None if tokens is None else functools.partial(current_grant, tokens))
     read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     server.add_tool(tools.remember, annotations=ToolAnnotations(read_only_hint=False, open_world_hint=False))
     server.add_tool(tools.recall, annotations=read_only)
@@ -491,30 +566,63 @@ def serve(
     memory: str = "segtree",
     http: str | None = None,
     *,
+    tokens: str | Path | TokenTable | None = None,
     embedder: Embedder | None = None,
     on_ready: Callable[[str], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the memory tools until the client disconnects (stdio) or the process is interrupted (HTTP).
+
+    Every check below runs before the model loads, the store opens or a socket is bound.
 
     Args:
         store: see :func:`open_store` (``None``: in memory).
         memory: the memory kind of new namespaces.
         http: ``HOST:PORT`` to serve streamable HTTP at ``http://HOST:PORT/mcp``; ``None``: stdio.
+        tokens: HTTP only: a tokens file (see :mod:`shared_core.mcp_auth`) or a loaded table; every
+            request then needs a bearer token, and each token reaches only its namespaces. Required
+            unless ``HOST`` is loopback (``127.0.0.0/8``, ``::1``, ``localhost``).
         embedder: default the embedded local embedder.
         on_ready: called with a one-line description before serving (e.g. to print it on stderr).
+        on_notice: called with each warning (an unauthenticated loopback server, a tokens file other
+            users can read); default: printed on stderr.
 
     Raises:
-        InvalidInputError: a bad ``http``, kind or URL.
+        InvalidInputError: a bad ``http``, kind or URL; ``tokens`` without ``http``.
+        UnauthenticatedBindError: ``http`` on a host other than loopback without ``tokens``.
+        TokensFileError: an unreadable or malformed tokens file.
         PersistenceError: the store cannot be opened.
     """
+    notice = on_notice if on_notice is not None else _print_notice
     address = parse_host_port(http) if http is not None else None
+    table: TokenTable | None = None
+    if tokens is not None:
+        if address is None:
+            raise InvalidInputError(
+                "--tokens applies to --http only: over stdio the client that starts the server owns it."
+            )
+        if isinstance(tokens, TokenTable):
+            table = tokens
+        else:
+            table = TokenTable.load(tokens)
+            warn = tokens_file_notice(tokens)
+            if warn is not None:
+                notice(warn)
+    if address is not None and table is None and not is_loopback(address[0]):
+        raise UnauthenticatedBindError(
+            f"refusing to serve on {address[0]} without authentication: it is not a loopback address, so "
+            "anyone who can reach it could read, change and delete every namespace. Give --tokens FILE "
+            "(bearer tokens and the namespaces each may use), or bind 127.0.0.1."
+        )
     if embedder is None:
         from .models.local import LocalEmbedder
 
         embedder = LocalEmbedder()
     mem_store = open_store(store, memory, embedder)
     try:
-        server = build_server(mem_store, warm_up=embedder)
+        server = build_server(
+            mem_store, warm_up=embedder, tokens=table, address=address or ("127.0.0.1", 8000)
+        )
         # bm25s sets its own logger to DEBUG; keep the server's stderr (an MCP client's log) readable
         logging.getLogger("bm25s").setLevel(logging.WARNING)
         where = "in memory only (lost when it stops)" if store is None else f"in {_describe(store)}"
@@ -525,11 +633,21 @@ def serve(
         else:
             host, port = address
             if on_ready is not None:
-                shown = f"[{host}]" if ":" in host else host
-                on_ready(f"hiermem MCP server on http://{shown}:{port}/mcp: {memory} memories {where}")
-            server.run("streamable-http", host=host, port=port)
+                access = "" if table is None else f"; bearer tokens required ({len(table)} in {table.source})"
+                url = f"http://{url_host(host)}:{port}/mcp"
+                on_ready(f"hiermem MCP server on {url}: {memory} memories {where}{access}")
+            if table is None:
+                notice(
+                    f"warning: no --tokens, so this server is unauthenticated: any program on this machine "
+                    f"that can reach {url_host(host)}:{port} can read, change and delete every namespace."
+                )
+            server.run("streamable-http", host=host, port=port, transport_security=transport_security(host))
     finally:
         mem_store.close()
+
+
+def _print_notice(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _describe(store: str | Path) -> str:

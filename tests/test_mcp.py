@@ -273,7 +273,11 @@ async def test_streamable_http(tmp_path: Path) -> None:
                 assert hits[0]["source_ids"] == [ids[1]]
                 assert await _ok(client, "forget", {"namespace": "alice", "id": ids[1]}) == 1
                 assert (await _ok(client, "memory_stats", {"namespace": "alice"}))["messages"] == 2
-        assert "http://127.0.0.1" in log.read_text(errors="replace")  # the ready line names the URL
+        text = log.read_text(errors="replace")
+        assert "http://127.0.0.1" in text  # the ready line names the URL
+        # loopback without --tokens: it starts, and says once that it is unauthenticated
+        assert text.count("unauthenticated") == 1, text
+        assert "bearer tokens required" not in text
     finally:
         proc.terminate()
         try:
