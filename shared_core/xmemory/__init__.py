@@ -21,7 +21,8 @@ The package shows the parts of the algorithm, one module each:
 * :mod:`.objective`: the sparsity-semantics objective f(P) (Eq. 1-3) and candidate theme splits;
 * :mod:`.knn`: the incrementally maintained kNN graphs over themes and semantics;
 * :mod:`.rules`: the LLM-free rules (query terms, timestamps, rendering, fact extraction, theme summaries);
-* :mod:`.construction`: episodes, semantics, themes (attach, split, merge) and deletion;
+* :mod:`.construction`: episodes, semantics, themes (attach, split, merge);
+* :mod:`.forgetting`: deletion, which rewrites every text made from a forgotten message;
 * :mod:`.retrieval`: the policies: Stage I (Eq. 4), Stage II (uncertainty-gated inclusion), top_down;
 * :mod:`.memory`: the :class:`XMemory` class (configuration, state, hits, statistics).
 

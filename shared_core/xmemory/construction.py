@@ -1,5 +1,6 @@
 """xMemory construction: episodes from a boundary detector, semantics distilled and deduplicated, themes
-attached, split and merged by the sparsity-semantics objective, kNN graphs kept current; deletion.
+attached, split and merged by the sparsity-semantics objective, kNN graphs kept current (deletion:
+:mod:`.forgetting`).
 
 References:
     xMemory Sec. 3.2 (hierarchy, attach/split/merge, kNN graphs), Sec. 5.3, Appendix B and C.
@@ -658,108 +659,6 @@ class _XMemoryConstruction(HierarchicalMemory):
         spans = [st.nodes[e].span for e in self._links(s, "episodes") if e in st.nodes]
         if spans:
             st.set_span(s, (min(a for a, _ in spans), max(b for _, b in spans)))
-
-    # ------------------------------------------------------------------ deletion
-    def _unlink_episode(self, e: int, s: int) -> None:
-        """Drop semantic ``s`` from episode ``e``'s links; ``e`` moves under its next semantic (or the
-        root) when it hung under ``s``."""
-        st = self._store
-        sems = [x for x in self._links(e, "semantics") if x != s]
-        st.set_data(e, "semantics", sems)
-        if st.nodes[e].parent == s:
-            st.detach(e)
-            st.add_child(sems[0] if sems else self._ensure_root(), e)
-
-    def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
-        st = self._store
-        episodes: set[int] = set()
-        for lid in leaves:
-            if lid not in st.nodes:
-                continue
-            ep = st.nodes[lid].parent
-            st.detach(lid)
-            st.delete_node(lid)
-            if ep is not None:
-                episodes.add(ep)
-        themes: set[int] = set()
-        semantics: set[int] = set()
-        for ep in sorted(episodes):
-            if ep not in st.nodes:
-                continue
-            sems = self._links(ep, "semantics")
-            semantics.update(sems)
-            if st.nodes[ep].children:
-                msgs = self._messages(ep)
-                if st.nodes[ep].data.get("raw", True) or self.llm is None:
-                    st.set_text(ep, render_messages(msgs))
-                    st.set_data(ep, "raw", True)
-                else:
-                    prompt = P.EPISODE_USER.format(
-                        conversation=render_messages(msgs), boundary_reason="rewritten after a deletion"
-                    )
-                    res = complete_parsed(
-                        self.llm,
-                        prompt,
-                        _parse_episode,
-                        system=P.EPISODE_SYSTEM,
-                        max_tokens=1024,
-                        fallback=None,
-                    )
-                    usage += res.usage
-                    if res.ok and res.value is not None:
-                        st.set_text(ep, f"{res.value['title']}\n{res.value['content']}")
-                    else:
-                        st.set_text(ep, render_messages(msgs))
-                        st.set_data(ep, "raw", True)
-                st.refresh_span(ep)
-                continue
-            for s in sems:
-                if s in st.nodes:
-                    st.set_data(s, "episodes", [e for e in self._links(s, "episodes") if e != ep])
-            st.detach(ep)
-            st.delete_node(ep)
-            if self._open == ep:
-                self._open = None
-        for s in sorted(semantics):
-            if s not in st.nodes:
-                continue
-            if "messages" in st.nodes[s].data:  # a fact lives as long as a message it comes from
-                sources = [m for m in self._links(s, "messages") if m in st.nodes]
-                st.set_data(s, "messages", sources)
-                self._fact_dirty.add(s)
-                holders = {st.nodes[m].parent for m in sources}
-                kept = [e for e in self._links(s, "episodes") if e in holders]
-                for e in self._links(s, "episodes"):
-                    if e not in kept and e in st.nodes:
-                        self._unlink_episode(e, s)
-                st.set_data(s, "episodes", kept)
-            if not self._links(s, "episodes"):
-                parent = st.nodes[s].parent
-                st.detach(s)
-                st.delete_node(s)
-                if parent is not None:
-                    themes.add(parent)
-            else:
-                # episodes whose primary semantic survives keep their place; refresh the span
-                self._refresh_semantic_span(s)
-                if st.nodes[s].parent is not None:
-                    themes.add(st.nodes[s].parent)
-        for t in sorted(themes):
-            if t not in st.nodes:
-                continue
-            if not st.nodes[t].children:
-                st.detach(t)
-                st.delete_node(t)
-            else:
-                self._summarize_theme(t, usage)
-                st.refresh_span(t)
-        root = st.root
-        if root is not None and root in st.nodes:
-            if not st.nodes[root].children:
-                st.delete_node(root)
-            else:
-                st.refresh_span(root)
-        self._cache = None
 
 
 # =========================================================================== parsers and checks

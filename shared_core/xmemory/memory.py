@@ -27,12 +27,13 @@ from .construction import (
     _Derived,
     _pos_int,
 )
+from .forgetting import _XMemoryForgetting
 from .retrieval import RETRIEVAL_CHECKS, _XMemoryRetrieval
 
 __all__ = ["XMemory"]
 
 
-class XMemory(_XMemoryRetrieval):
+class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
     """xMemory: a four-level memory (message -> episode -> semantic -> theme) with two-stage retrieval.
 
     **Construction** (online, per message; Sec. 3.2). The boundary detector decides whether the new
@@ -57,7 +58,10 @@ class XMemory(_XMemoryRetrieval):
     Theme summaries come from the summariser: with an LLM the App. C theme prompt; without one
     :func:`central_facts` (the theme's most central facts within ``summary_chars``); a given
     ``summarizer`` is always used. Deleting a message deletes every semantic that no longer has a
-    message it comes from, and re-summarises its theme.
+    message it comes from; a surviving semantic whose text was written from the deleted message is
+    written again from a message still supporting it (its sentence, date, speaker and vector), and
+    every episode record and theme summary that held the message's words is made again
+    (:mod:`~shared_core.xmemory.forgetting`).
 
     **Retrieval.** Every node is scored with the memory's ``relevance`` ``R`` (the base class's relevance
     layer: ``"dense"`` cosine, ``"bm25"`` or ``"hybrid"``, each part divided by its maximum over the
