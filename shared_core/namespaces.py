@@ -8,6 +8,15 @@ namespace is kept in one PostgreSQL database (:mod:`shared_core.stores.postgres`
 processes and machines share: every acknowledged add is committed, and each process sees the others'
 adds before its next add or retrieval.
 
+With PostgreSQL the database, not the process, says which namespaces exist. A namespace that another
+process deleted (``delete_namespace``), or deleted and created again, is noticed by the catch-up every
+add and retrieval already does (the namespace's row is looked up by its id, and a re-created namespace
+has a new id; no extra query): the process then forgets its stale memory of it and carries on as if it
+had never opened it: a retrieval finds nothing (``[]``, as for a namespace that never existed), an add
+creates the namespace again or adds to the one the other process created, ``delete`` raises
+``NodeNotFoundError``, and ``list_namespaces``, ``in``, ``len``, ``get`` and ``get_or_create`` ask the
+database.
+
 Namespaces are tuples of strings, e.g. ``("alice", "support-bot", "2024-05-01")``; a plain string is a
 one-part namespace. Any printable text is a valid part, including ``".."``, ``"/"``, ``"\\\\"`` or an
 absolute path: on disk a namespace lives in a directory named from a filesystem-safe slug
@@ -25,6 +34,7 @@ Layout of ``root_dir`` (PostgreSQL keeps the namespace tuple in its ``hiermem.na
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import json
@@ -38,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 from .base import HierarchicalMemory
 from .stores import is_postgres_url
-from .stores.namespace import MAX_PART_CHARS, MAX_PARTS, Namespace, NamespaceLike, normalize_namespace
+from .stores.namespace import (
+    MAX_PART_CHARS,
+    MAX_PARTS,
+    Namespace,
+    NamespaceDeletedError,
+    NamespaceLike,
+    normalize_namespace,
+)
 from .types import AddReport, Hit, InvalidInputError, MessageLike, PersistenceError
 
 if TYPE_CHECKING:
@@ -49,12 +66,16 @@ __all__ = [
     "MAX_PARTS",
     "MemoryStore",
     "Namespace",
+    "NamespaceDeletedError",
     "namespace_dirname",
     "normalize_namespace",
 ]
 
 _FORMAT = 1
 _META = "namespace.json"
+#: Attempts of one call whose namespace another process keeps deleting (each attempt reopens it).
+_STALE_ATTEMPTS = 3
+_MISSING: Any = object()
 _SAVE = "memory"
 _SQLITE = "memory.sqlite"
 
@@ -202,17 +223,29 @@ class MemoryStore:
         return mem
 
     def get_or_create(self, ns: NamespaceLike) -> HierarchicalMemory:
-        """The memory of ``ns``: already open, else loaded from ``root_dir``, else new.
+        """The memory of ``ns``: already open, else loaded from ``root_dir`` or the database, else new.
+
+        With PostgreSQL an open memory whose namespace another process deleted (or deleted and created
+        again) is dropped for the namespace as the database holds it.
 
         Raises:
             InvalidInputError: a bad namespace (see :func:`normalize_namespace`).
             PersistenceError: a stored memory of ``ns`` cannot be read.
         """
         parts = normalize_namespace(ns)
+        if self.url is not None:
+            self._check_current(parts)
+        return self._open(parts, create=True)
+
+    def _open(self, parts: Namespace, *, create: bool) -> HierarchicalMemory | None:
+        """The memory of ``parts`` as this process holds it (with PostgreSQL it may be stale), else
+        opened from where it is stored, else new when ``create`` (else ``None``)."""
         with self._lock:
             mem = self._mems.get(parts)
             if mem is not None:
                 return mem
+            if not create and not self._stored(parts):
+                return None
             mem = self._new(parts)
             if self.url is not None:
                 from .stores.postgres import PostgresStore
@@ -231,12 +264,51 @@ class MemoryStore:
             return mem
 
     def get(self, ns: NamespaceLike) -> HierarchicalMemory | None:
-        """The memory of ``ns`` if it exists (open or stored), else ``None``; never creates one."""
+        """The memory of ``ns`` if it exists (open or stored), else ``None``; never creates one.
+
+        With PostgreSQL the database decides: ``None`` once another process deleted the namespace."""
         parts = normalize_namespace(ns)
+        if self.url is not None:
+            self._check_current(parts)
+        return self._open(parts, create=False)
+
+    # ------------------------------------------------------------------ namespaces deleted elsewhere
+    def _check_current(self, parts: Namespace) -> None:
+        """Forget the open memory of ``parts`` when its namespace is no longer the one in the database
+        (deleted, or deleted and created again by another process): one query, no memory lock."""
         with self._lock:
-            if parts in self._mems or self._stored(parts):
-                return self.get_or_create(parts)
-            return None
+            mem = self._mems.get(parts)
+        if mem is None:
+            return
+        now = self._database().namespace_id(parts, create=False)
+        if now is None or now != getattr(mem._durable, "_ns", None):
+            self._forget_stale(parts, mem)
+
+    def _forget_stale(self, parts: Namespace, mem: HierarchicalMemory) -> None:
+        """Forget ``mem``, the memory of a namespace another process deleted. Its store is left open:
+        a call of another thread holding ``mem`` then fails (``NamespaceDeletedError``) instead of
+        changing a memory that no store backs any more; its registration went with the namespace."""
+        with self._lock:
+            if self._mems.get(parts) is mem:
+                del self._mems[parts]
+
+    def _call(self, ns: NamespaceLike, fn: Callable[[HierarchicalMemory], Any], *, create: bool) -> Any:
+        """``fn(memory of ns)``, or ``_MISSING`` when ``ns`` does not exist and not ``create``. With
+        PostgreSQL a stale memory (its namespace deleted by another process, noticed by the catch-up
+        that ``fn`` starts with, before any change or model call) is forgotten and ``fn`` run on the
+        namespace as the database holds it now."""
+        parts = normalize_namespace(ns)
+        for attempt in range(_STALE_ATTEMPTS):
+            mem = None
+            try:
+                mem = self._open(parts, create=create)
+                return _MISSING if mem is None else fn(mem)
+            except NamespaceDeletedError:
+                if self.url is None or attempt == _STALE_ATTEMPTS - 1:
+                    raise
+                if mem is not None:
+                    self._forget_stale(parts, mem)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _stored(self, ns: Namespace) -> bool:
         if self.url is not None:
@@ -251,6 +323,8 @@ class MemoryStore:
             parts = normalize_namespace(ns)  # type: ignore[arg-type]
         except InvalidInputError:
             return False
+        if self.url is not None:  # the database decides (another process may have deleted it)
+            return self._stored(parts)
         with self._lock:
             return parts in self._mems or self._stored(parts)
 
@@ -260,30 +334,26 @@ class MemoryStore:
     # ------------------------------------------------------------------ per-namespace operations
     def add(self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike]) -> AddReport:
         """Add messages to the memory of ``ns`` (created on first use). See ``HierarchicalMemory.add``."""
-        return self.get_or_create(ns).add(items)
+        report: AddReport = self._call(ns, lambda mem: mem.add(items), create=True)
+        return report
 
     async def aadd(self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike]) -> AddReport:
-        """Async :meth:`add`."""
-        return await self.get_or_create(ns).aadd(items)
+        """Async :meth:`add` (in a worker thread)."""
+        return await asyncio.to_thread(self.add, ns, items)
 
     def retrieve(
         self, ns: NamespaceLike, query: str, k: int | None = None, policy: str | None = None, **kw: Any
     ) -> list[Hit]:
         """Retrieve from the memory of ``ns`` only; ``[]`` for a namespace that does not exist (a read
-        never creates one). See ``HierarchicalMemory.retrieve``."""
-        mem = self.get(ns)
-        if mem is None:
-            return []
-        return mem.retrieve(query, k, policy, **kw)
+        never creates one), also when another process deleted it. See ``HierarchicalMemory.retrieve``."""
+        hits = self._call(ns, lambda mem: mem.retrieve(query, k, policy, **kw), create=False)
+        return [] if hits is _MISSING else hits
 
     async def aretrieve(
         self, ns: NamespaceLike, query: str, k: int | None = None, policy: str | None = None, **kw: Any
     ) -> list[Hit]:
-        """Async :meth:`retrieve`."""
-        mem = self.get(ns)
-        if mem is None:
-            return []
-        return await mem.aretrieve(query, k, policy, **kw)
+        """Async :meth:`retrieve` (in a worker thread)."""
+        return await asyncio.to_thread(self.retrieve, ns, query, k, policy, **kw)
 
     def delete(self, ns: NamespaceLike, key: int | str) -> int:
         """Forget a message or subtree of the memory of ``ns`` (see ``HierarchicalMemory.delete``).
@@ -293,10 +363,10 @@ class MemoryStore:
         """
         from .types import NodeNotFoundError
 
-        mem = self.get(ns)
-        if mem is None:
+        n = self._call(ns, lambda mem: mem.delete(key), create=False)
+        if n is _MISSING:
             raise NodeNotFoundError(f"No namespace {normalize_namespace(ns)!r}.")
-        return mem.delete(key)
+        return int(n)
 
     def delete_namespace(self, ns: NamespaceLike) -> bool:
         """Forget a whole namespace: its memory, its store and its directory under ``root_dir``.
@@ -323,7 +393,9 @@ class MemoryStore:
             return existed
 
     def list_namespaces(self, prefix: NamespaceLike | None = None) -> list[Namespace]:
-        """Namespaces open or stored under ``root_dir``, sorted; only those starting with ``prefix``.
+        """Namespaces open or stored under ``root_dir`` (with PostgreSQL: those the database holds, and
+        open memories of namespaces deleted by another process are forgotten), sorted; only those
+        starting with ``prefix``.
 
         Raises:
             PersistenceError: a namespace directory with a tampered or unreadable ``namespace.json``.
@@ -332,7 +404,9 @@ class MemoryStore:
         with self._lock:
             found = set(self._mems)
             if self.url is not None:
-                found.update(self._database().namespaces())
+                found = set(self._database().namespaces())
+                for parts in [p for p in self._mems if p not in found]:  # deleted by another process
+                    self._forget_stale(parts, self._mems[parts])
             elif self.root_dir is not None and self.root_dir.is_dir():
                 for d in self.root_dir.iterdir():
                     if d.is_dir() and d.name.startswith("ns-") and (d / _META).is_file():
@@ -384,6 +458,9 @@ class MemoryStore:
         for m in mems:
             m.close_store()
         if db is not None:
+            from .stores import pg_prune
+
+            pg_prune.shutdown(db)  # the registrations' connection
             db.close()
 
     def __repr__(self) -> str:

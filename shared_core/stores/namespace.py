@@ -1,7 +1,9 @@
 """Namespaces: tuples of strings naming one memory each (a user, an agent, a session...).
 
 Shared by :class:`~shared_core.namespaces.MemoryStore`, the LangGraph store and the PostgreSQL store,
-which keys its rows by namespace.
+which keys its rows by namespace. :class:`NamespaceDeletedError` is what a store raises when another
+process deleted its namespace: ``MemoryStore`` catches it, drops its stale memory of the namespace and
+opens the namespace as it now is.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import re
 from collections.abc import Sequence
 from typing import Any, Union
 
-from ..types import InvalidInputError
+from ..types import InvalidInputError, PersistenceError
 
 __all__ = [
     "MAX_PARTS",
     "MAX_PART_CHARS",
     "Namespace",
+    "NamespaceDeletedError",
     "NamespaceLike",
     "namespace_key",
     "normalize_namespace",
@@ -30,6 +33,12 @@ MAX_PART_CHARS = 256
 #: Most parts in a namespace.
 MAX_PARTS = 8
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class NamespaceDeletedError(PersistenceError):
+    """The namespace a store was opened on was deleted by another process (and maybe created again
+    since, as a new namespace of the same name). The memory that held it is stale: nothing was changed;
+    open the namespace again (``MemoryStore`` does so by itself)."""
 
 
 def normalize_namespace(ns: NamespaceLike) -> Namespace:

@@ -16,13 +16,20 @@ the database on first open) and keeps it in step with the database:
   change sequence ``seq`` (one more per committed write); node and vector rows carry the ``seq`` of the
   write that last changed them and removed nodes leave an id in ``removed``. A ``clear`` (and the first
   write of a namespace) sets ``reset_seq``, after which a process behind it reloads the namespace.
+- **pruning** (:mod:`shared_core.stores.pg_prune`): every open store registers in ``readers`` the
+  sequence it has reached; after some commits the ``removed`` rows every live registration is past are
+  deleted and ``reset_seq`` is raised past them, so a process that needed them reloads instead.
+- **deleted namespaces**: a namespace is identified by its row's ``id`` (a deleted and re-created
+  namespace gets a new one); a catch-up that finds its row gone raises
+  :class:`~shared_core.stores.namespace.NamespaceDeletedError`.
 - **failures**: a dropped connection, a server restart or any database error is a
   :class:`PersistenceError`; the memory is then unchanged (the base rolls its transaction back), the
   broken connections are dropped from the pools and the next call connects again. When a ``COMMIT``
   may or may not have reached the server, ``txid_status`` tells whether it landed.
 
 Schema (``hiermem``, created on first open or by :meth:`PostgresDatabase.setup`, versioned in
-``hiermem.version``; the node, vector and metadata rows are those of :mod:`shared_core.stores.encoding`)::
+``hiermem.version``, :data:`SCHEMA_VERSION`: version 2 added ``readers``, and a version-1 schema is
+upgraded on open; the node, vector and metadata rows are those of :mod:`shared_core.stores.encoding`)::
 
     version(version)
     namespaces(id serial, name text UNIQUE (ASCII JSON of the namespace tuple), seq, reset_seq)
@@ -31,6 +38,7 @@ Schema (``hiermem``, created on first open or by :meth:`PostgresDatabase.setup`,
           seq)                                               PRIMARY KEY (ns, id), INDEX (ns, seq)
     vectors(ns, id, vec bytea, seq)                          PRIMARY KEY (ns, id), INDEX (ns, seq)
     removed(ns, id, seq)                                     PRIMARY KEY (ns, id), INDEX (ns, seq)
+    readers(id bigserial, ns, seq, heartbeat timestamptz)    PRIMARY KEY (id), INDEX (ns, seq)
 
 Nothing is unpickled: values are JSON text and float32 ``bytea``; the schema is checked on open (a
 ``hiermem`` schema with other tables, columns or triggers is refused).
@@ -49,6 +57,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..types import InvalidInputError, PersistenceError, VersionMismatchError
+from . import pg_prune
 from .base import Store
 from .encoding import (
     NODE_COLUMNS,
@@ -60,7 +69,7 @@ from .encoding import (
     pending_changes,
     restore_rows,
 )
-from .namespace import Namespace, NamespaceLike, namespace_key, normalize_namespace
+from .namespace import Namespace, NamespaceDeletedError, NamespaceLike, namespace_key, normalize_namespace
 
 try:
     import psycopg
@@ -76,12 +85,14 @@ except ImportError as _e:  # pragma: no cover - depends on the installed extras
 if TYPE_CHECKING:
     from ..base import HierarchicalMemory
 
-__all__ = ["FORMAT", "LOCK_CLASS", "SCHEMA", "PostgresDatabase", "PostgresStore"]
+__all__ = ["FORMAT", "LOCK_CLASS", "SCHEMA", "SCHEMA_VERSION", "PostgresDatabase", "PostgresStore"]
 
 T = TypeVar("T")
 
-#: Version of the schema (``hiermem.version``) and of the namespace metadata layout (``format``).
+#: Version of the namespace metadata layout (``format``).
 FORMAT = 1
+#: Version of the schema (``hiermem.version``); 2 added ``readers`` (version 1 is upgraded on open).
+SCHEMA_VERSION = 2
 #: The PostgreSQL schema holding the tables.
 SCHEMA = "hiermem"
 #: First key of hiermem's advisory locks (``pg_advisory_xact_lock(LOCK_CLASS, namespace id)``; the
@@ -96,6 +107,7 @@ _TABLES: dict[str, tuple[str, ...]] = {
     "nodes": ("ns", *NODE_COLUMNS, "seq"),
     "vectors": ("ns", "id", "vec", "seq"),
     "removed": ("ns", "id", "seq"),
+    pg_prune.TABLE: pg_prune.COLUMNS,
 }
 _NS_REF = f"ns integer NOT NULL REFERENCES {SCHEMA}.namespaces (id) ON DELETE CASCADE"
 _DDL = (
@@ -114,6 +126,7 @@ _DDL = (
     f"CREATE TABLE {SCHEMA}.removed ({_NS_REF}, id bigint NOT NULL, seq bigint NOT NULL, "
     "PRIMARY KEY (ns, id))",
     f"CREATE INDEX removed_changes ON {SCHEMA}.removed (ns, seq)",
+    *pg_prune.ddl(SCHEMA),
 )
 _UPSERT_NODE = (
     f"INSERT INTO {SCHEMA}.nodes (ns, {_NODE_COLS}, seq) VALUES ({', '.join(['%s'] * 12)}) "
@@ -422,14 +435,17 @@ class PostgresDatabase:
             VersionMismatchError: the schema has another version.
         """
         with self.writing("set up the schema in", lock=0) as cur:
-            if self._check_schema_cursor(cur, missing_ok=True):
+            if self._check_schema_cursor(cur, missing_ok=True, upgrade=True):
                 return
             for stmt in _DDL:
                 cur.execute(stmt)
-            cur.execute(f"INSERT INTO {SCHEMA}.version (version) VALUES (%s)", (FORMAT,))
+            cur.execute(f"INSERT INTO {SCHEMA}.version (version) VALUES (%s)", (SCHEMA_VERSION,))
 
-    def _check_schema_cursor(self, cur: psycopg.Cursor[Any], missing_ok: bool = False) -> bool:
-        """Check the schema; returns whether it exists (raises when it is missing and not ``missing_ok``)."""
+    def _check_schema_cursor(
+        self, cur: psycopg.Cursor[Any], missing_ok: bool = False, upgrade: bool = False
+    ) -> bool:
+        """Check the schema; returns whether it exists (raises when it is missing and not ``missing_ok``).
+        A version-1 schema is upgraded when ``upgrade`` (in a write transaction), else refused."""
         cur.execute(
             "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
@@ -452,12 +468,16 @@ class PostgresDatabase:
         versions = [r[0] for r in cur.fetchall()]
         if len(versions) != 1 or not isinstance(versions[0], int):
             raise PersistenceError(f"{not_ours} (its version table holds {versions!r}).")
-        if versions[0] != FORMAT:
+        version = versions[0]
+        if version not in (1, SCHEMA_VERSION):
             raise VersionMismatchError(
-                f"The hiermem schema of {self.location} has version {versions[0]}; this hiermem reads "
-                f"version {FORMAT}. Use the hiermem version that created it, or another database."
+                f"The hiermem schema of {self.location} has version {version}; this hiermem reads "
+                f"version {SCHEMA_VERSION}. Use the hiermem version that created it, or another database."
             )
-        extra = sorted(n for n, k in rels.items() if n not in _TABLES or k not in ("r", "p"))
+        tables = _TABLES
+        if version == 1 and pg_prune.TABLE not in rels:  # version 1 had no registrations table
+            tables = {t: c for t, c in _TABLES.items() if t != pg_prune.TABLE}
+        extra = sorted(n for n, k in rels.items() if n not in tables or k not in ("r", "p"))
         if extra:
             raise PersistenceError(f"{not_ours} (unexpected relations {', '.join(extra)}).")
         cur.execute(
@@ -468,7 +488,7 @@ class PostgresDatabase:
         cols: dict[str, list[str]] = {}
         for table, col in cur.fetchall():
             cols.setdefault(str(table), []).append(str(col))
-        for table, want in _TABLES.items():
+        for table, want in tables.items():
             if tuple(cols.get(table, ())) != want:
                 raise PersistenceError(
                     f"{not_ours} (table {table!r} has columns {tuple(cols.get(table, ()))}, expected {want})."
@@ -481,6 +501,13 @@ class PostgresDatabase:
         triggers = [r[0] for r in cur.fetchall()]
         if triggers:
             raise PersistenceError(f"{not_ours} (refusing a store with triggers: {', '.join(triggers)}).")
+        if version != SCHEMA_VERSION:
+            if not upgrade:
+                raise VersionMismatchError(
+                    f"The hiermem schema of {self.location} has version {version}; open it once with "
+                    f"setup=True (the default) to upgrade it to version {SCHEMA_VERSION}."
+                )
+            pg_prune.upgrade(cur, SCHEMA, version, SCHEMA_VERSION)
         return True
 
     # ------------------------------------------------------------------ namespaces
@@ -630,6 +657,7 @@ class PostgresStore(Store):
     def close(self) -> None:
         """Roll back an open write, and close the database when this store opened it (idempotent)."""
         self.abort()
+        pg_prune.leave(self)
         if self._owns_db and getattr(self, "db", None) is not None:
             self.db.close()
 
@@ -639,7 +667,7 @@ class PostgresStore(Store):
             f"SELECT seq, reset_seq FROM {SCHEMA}.namespaces WHERE id = %s", (self._ns,)
         ).fetchone()
         if row is None:
-            raise PersistenceError(
+            raise NamespaceDeletedError(
                 f"{self.location} was deleted (delete_namespace) by another process; open it again to start "
                 "a new memory there."
             )
@@ -737,6 +765,7 @@ class PostgresStore(Store):
             raise PersistenceError(f"{self.location} holds no memory yet.")
         self._stale = True
         self._apply(mem, snap)
+        pg_prune.caught_up(self)
 
     def sync(self, mem: HierarchicalMemory) -> None:
         """Apply the rows other processes committed since :attr:`seq` (read-only snapshot, no lock).
@@ -745,6 +774,7 @@ class PostgresStore(Store):
             PersistenceError: the database cannot be read (``mem`` is unchanged).
         """
         self._apply(mem, self.db.read(self._changes, f"catch up with {self._in}"))
+        pg_prune.caught_up(self)  # the registration that keeps the tombstones this store needs
 
     # ------------------------------------------------------------------ writing
     def begin(self, mem: HierarchicalMemory) -> None:
@@ -825,6 +855,7 @@ class PostgresStore(Store):
         self._conn = None
         self.db.release(conn, rollback=False)
         self._seq = seq
+        pg_prune.committed(self)  # registration and, now and then, pruning (never raises)
 
     def landed(self, seq: int) -> bool:
         """After :meth:`commit` or :meth:`clear` raised: whether the write was committed all the same,
