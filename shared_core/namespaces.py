@@ -17,6 +17,17 @@ creates the namespace again or adds to the one the other process created, ``dele
 ``NodeNotFoundError``, and ``list_namespaces``, ``in``, ``len``, ``get`` and ``get_or_create`` ask the
 database.
 
+A process that serves thousands of users keeps only ``max_resident`` namespaces resident (default 256:
+an SQLite namespace holds two file descriptors, so 256 of them fit well under ``ulimit -n 1024``), the
+least recently used durable ones are evicted: their stores are closed and the MemoryStore lets go of
+them, so their RAM is freed unless the caller still holds the memory. The next access opens the
+namespace again from its store (nodes and vectors are read back, nothing is embedded again). A memory
+another thread is using (a MemoryStore call under way, or any call holding the memory's lock) is never
+evicted; a memory a caller still holds after its eviction opens its store again on its next use (see
+:mod:`shared_core.stores.resident`), so handles from ``get_or_create`` stay valid and durable. Memories
+without a durable store (``root_dir=None``, or ``save()``-based ``root_dir``) are never evicted: their
+data lives nowhere else.
+
 Namespaces are tuples of strings, e.g. ``("alice", "support-bot", "2024-05-01")``; a plain string is a
 one-part namespace. Any printable text is a valid part, including ``".."``, ``"/"``, ``"\\\\"`` or an
 absolute path: on disk a namespace lives in a directory named from a filesystem-safe slug
@@ -42,12 +53,16 @@ import os
 import re
 import shutil
 import threading
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .base import HierarchicalMemory
 from .stores import is_postgres_url
+from .stores.base import Store
 from .stores.namespace import (
     MAX_PART_CHARS,
     MAX_PARTS,
@@ -56,12 +71,14 @@ from .stores.namespace import (
     NamespaceLike,
     normalize_namespace,
 )
+from .stores.resident import EvictedStore
 from .types import AddReport, Hit, InvalidInputError, MessageLike, PersistenceError
 
 if TYPE_CHECKING:
     from .stores.postgres import PostgresDatabase
 
 __all__ = [
+    "DEFAULT_MAX_RESIDENT",
     "MAX_PART_CHARS",
     "MAX_PARTS",
     "MemoryStore",
@@ -71,6 +88,8 @@ __all__ = [
     "normalize_namespace",
 ]
 
+#: Default ``max_resident`` of a :class:`MemoryStore`: 256 SQLite namespaces hold 512 file descriptors.
+DEFAULT_MAX_RESIDENT = 256
 _FORMAT = 1
 _META = "namespace.json"
 #: Attempts of one call whose namespace another process keeps deleting (each attempt reopens it).
@@ -113,15 +132,23 @@ class MemoryStore:
             that opens the same URL); not with ``root_dir``. The schema is created on first use.
         pool_size: most PostgreSQL connections of each of the store's two pools (writers, readers),
             default 8; every ``add`` in progress holds a writer connection.
+        max_resident: most namespaces kept open at once, default :data:`DEFAULT_MAX_RESIDENT` (256);
+            the least recently used durable ones beyond it are evicted (store closed, memory dropped)
+            and reopened from their store on their next access. ``None``: never evict. Namespaces
+            without a durable store are never evicted, so without ``durable``/``url`` this bounds
+            nothing.
 
     Raises:
         InvalidInputError: ``factory`` is not callable, ``durable=True`` without ``root_dir`` or
-            ``url``, both ``root_dir`` and ``url``, or a malformed URL.
+            ``url``, both ``root_dir`` and ``url``, a malformed URL, or ``max_resident`` not a
+            positive integer or ``None``.
         PersistenceError: the PostgreSQL server cannot be reached, or the database is not a hiermem
             store.
         VersionMismatchError: the database's hiermem schema has another version.
 
-    Thread safety: the namespace table has its own lock; each memory serialises its own writers.
+    Thread safety: the namespace table has its own lock; each memory serialises its own writers. An
+    eviction never closes the store of a memory in use: it skips namespaces with a MemoryStore call under
+    way and memories whose lock another thread holds.
 
     References:
         LangGraph ``BaseStore`` namespaces (tuples of strings); :mod:`shared_core.stores`.
@@ -136,9 +163,17 @@ class MemoryStore:
         synchronous: str = "FULL",
         url: str | None = None,
         pool_size: int = 8,
+        max_resident: int | None = DEFAULT_MAX_RESIDENT,
     ) -> None:
         if not callable(factory):
             raise InvalidInputError("factory must be a callable returning a new memory.")
+        if max_resident is not None and (
+            isinstance(max_resident, bool) or not isinstance(max_resident, int) or max_resident < 1
+        ):
+            raise InvalidInputError(
+                f"max_resident must be a positive integer (namespaces kept open at once) or None (no "
+                f"limit), got {max_resident!r}."
+            )
         if url is not None:
             if root_dir is not None:
                 raise InvalidInputError(
@@ -161,7 +196,17 @@ class MemoryStore:
         self.synchronous = synchronous
         self.pool_size = pool_size
         self._takes_ns = _takes_positional(factory)
-        self._mems: dict[Namespace, HierarchicalMemory] = {}
+        self.max_resident = max_resident
+        # resident memories, least recently used first
+        self._mems: OrderedDict[Namespace, HierarchicalMemory] = OrderedDict()
+        # evicted memories something else still holds: reused, so a namespace never has two memories
+        self._evicted: weakref.WeakValueDictionary[Namespace, HierarchicalMemory] = (
+            weakref.WeakValueDictionary()
+        )
+        self._pins: dict[Namespace, int] = {}  # MemoryStore calls under way, per namespace
+        self._revived: deque[tuple[Namespace, HierarchicalMemory]] = deque()  # reopened by their holder
+        self._evictions = 0
+        self._reopens = 0
         self._lock = threading.RLock()
         self._db: PostgresDatabase | None = None
         if self.url is not None:
@@ -237,31 +282,152 @@ class MemoryStore:
             self._check_current(parts)
         return self._open(parts, create=True)
 
-    def _open(self, parts: Namespace, *, create: bool) -> HierarchicalMemory | None:
+    def _open(self, parts: Namespace, *, create: bool, pin: bool = False) -> HierarchicalMemory | None:
         """The memory of ``parts`` as this process holds it (with PostgreSQL it may be stale), else
-        opened from where it is stored, else new when ``create`` (else ``None``)."""
+        opened from where it is stored, else new when ``create`` (else ``None``); made the most
+        recently used, and pinned (not evictable until :meth:`_unpin`) when ``pin``."""
         with self._lock:
+            self._drain()
             mem = self._mems.get(parts)
             if mem is not None:
-                return mem
-            if not create and not self._stored(parts):
-                return None
-            mem = self._new(parts)
-            if self.url is not None:
-                from .stores.postgres import PostgresStore
-
-                mem.attach_store(PostgresStore(self._database(), parts))
-            elif self.root_dir is not None:
-                d = self._dir(parts)
-                if self.durable:
-                    self._write_meta(parts, mem)  # first: a store on disk is always listed
-                    mem.attach_store(d / _SQLITE, synchronous=self.synchronous)
-                elif (d / _SAVE).is_dir():
-                    self._read_meta(d)
-                    # the saved configuration applies; the factory's class, embedder and LLM are used
-                    mem = type(mem).load(d / _SAVE, embedder=mem.embedder, llm=mem.llm)
-            self._mems[parts] = mem
+                self._mems.move_to_end(parts)
+            else:
+                mem = self._evicted.pop(parts, None)  # evicted, still held elsewhere: the same memory
+                if mem is None:
+                    if not create and not self._stored(parts):
+                        return None
+                    self._make_room()
+                    mem = self._load(parts)
+                else:
+                    self._make_room()
+                self._mems[parts] = mem
+            if pin:
+                self._pins[parts] = self._pins.get(parts, 0) + 1
             return mem
+
+    def _load(self, parts: Namespace) -> HierarchicalMemory:
+        """A new memory of ``parts``, bound to its store or loaded from its save when there is one."""
+        mem = self._new(parts)
+        if self.url is not None:
+            from .stores.postgres import PostgresStore
+
+            mem.attach_store(PostgresStore(self._database(), parts))
+        elif self.root_dir is not None:
+            d = self._dir(parts)
+            if self.durable:
+                self._write_meta(parts, mem)  # first: a store on disk is always listed
+                mem.attach_store(d / _SQLITE, synchronous=self.synchronous)
+            elif (d / _SAVE).is_dir():
+                self._read_meta(d)
+                # the saved configuration applies; the factory's class, embedder and LLM are used
+                mem = type(mem).load(d / _SAVE, embedder=mem.embedder, llm=mem.llm)
+        return mem
+
+    def _unpin(self, parts: Namespace) -> None:
+        with self._lock:
+            n = self._pins.get(parts, 0) - 1
+            if n > 0:
+                self._pins[parts] = n
+            else:
+                self._pins.pop(parts, None)
+
+    # ------------------------------------------------------------------ eviction
+    @property
+    def resident(self) -> int:
+        """Number of namespaces open now (at most ``max_resident``, unless all of them are in use or
+        without a durable store)."""
+        with self._lock:
+            return len(self._mems)
+
+    def stats(self) -> dict[str, Any]:
+        """Figures of the namespace table.
+
+        Returns:
+            dict with ``resident`` (namespaces open now), ``max_resident`` (``None``: no limit),
+            ``evictions`` (stores closed to stay within it so far) and ``reopened`` (evicted memories
+            whose holder used them again, so their store was reopened in place).
+        """
+        with self._lock:
+            return {
+                "resident": len(self._mems),
+                "max_resident": self.max_resident,
+                "evictions": self._evictions,
+                "reopened": self._reopens,
+            }
+
+    def _make_room(self) -> None:
+        """Evict least recently used idle durable memories until one more fits (lock held)."""
+        if self.max_resident is None:
+            return
+        excess = len(self._mems) + 1 - self.max_resident
+        if excess <= 0:
+            return
+        for parts, mem in list(self._mems.items()):
+            if self._try_evict(parts, mem):
+                excess -= 1
+                if excess <= 0:
+                    return
+
+    def _try_evict(self, parts: Namespace, mem: HierarchicalMemory) -> bool:
+        """Close the store of ``mem`` and let go of it, unless it is in use or not durable (the table's
+        lock held; never waits for the memory's lock)."""
+        if self._pins.get(parts):
+            return False
+        lock = mem._lock
+        if _owned(lock) or not lock.acquire(blocking=False):
+            return False  # in use by a call of another thread (or of this one)
+        try:
+            store = mem._durable
+            if store is None:
+                return False  # in memory only: its data lives nowhere else
+            if not isinstance(store, EvictedStore):
+                mem._durable = EvictedStore(
+                    store, partial(self._reopen_store, parts), partial(self._revive, parts)
+                )
+                store.close()  # the memory's lock is held: nobody reopens it before this is done
+                self._evictions += 1
+        finally:
+            lock.release()
+        del self._mems[parts]
+        self._evicted[parts] = mem
+        return True
+
+    def _reopen_store(self, parts: Namespace) -> Store:
+        """Open the store of an evicted namespace again (for :class:`EvictedStore`)."""
+        if self.url is not None:
+            from .stores.postgres import PostgresStore
+
+            return PostgresStore(self._database(), parts)
+        path = self._dir(parts) / _SQLITE
+        if not path.is_file():
+            raise PersistenceError(
+                f"The store of namespace {parts!r} ({path}) is gone; the namespace was deleted."
+            )
+        from .stores.sqlite import SQLiteStore
+
+        return SQLiteStore(path, synchronous=self.synchronous)
+
+    def _revive(self, parts: Namespace, mem: HierarchicalMemory) -> None:
+        """An evicted memory's holder used it and its store is open again: count it resident. Called
+        with the memory's lock held, so the table's lock is only tried; else the next call does it."""
+        self._revived.append((parts, mem))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def _drain(self) -> None:
+        """Make the memories reopened by their holders resident again (the table's lock held)."""
+        while self._revived:
+            parts, mem = self._revived.popleft()
+            self._reopens += 1
+            if self._mems.get(parts) is mem:
+                self._mems.move_to_end(parts)
+            elif self._evicted.get(parts) is mem:
+                del self._evicted[parts]
+                self._make_room()
+                self._mems[parts] = mem
 
     def get(self, ns: NamespaceLike) -> HierarchicalMemory | None:
         """The memory of ``ns`` if it exists (open or stored), else ``None``; never creates one.
@@ -278,6 +444,8 @@ class MemoryStore:
         (deleted, or deleted and created again by another process): one query, no memory lock."""
         with self._lock:
             mem = self._mems.get(parts)
+            if mem is None:
+                mem = self._evicted.get(parts)
         if mem is None:
             return
         now = self._database().namespace_id(parts, create=False)
@@ -291,6 +459,8 @@ class MemoryStore:
         with self._lock:
             if self._mems.get(parts) is mem:
                 del self._mems[parts]
+            if self._evicted.get(parts) is mem:
+                del self._evicted[parts]
 
     def _call(self, ns: NamespaceLike, fn: Callable[[HierarchicalMemory], Any], *, create: bool) -> Any:
         """``fn(memory of ns)``, or ``_MISSING`` when ``ns`` does not exist and not ``create``. With
@@ -301,8 +471,13 @@ class MemoryStore:
         for attempt in range(_STALE_ATTEMPTS):
             mem = None
             try:
-                mem = self._open(parts, create=create)
-                return _MISSING if mem is None else fn(mem)
+                mem = self._open(parts, create=create, pin=True)
+                if mem is None:
+                    return _MISSING
+                try:
+                    return fn(mem)
+                finally:
+                    self._unpin(parts)
             except NamespaceDeletedError:
                 if self.url is None or attempt == _STALE_ATTEMPTS - 1:
                     raise
@@ -326,7 +501,7 @@ class MemoryStore:
         if self.url is not None:  # the database decides (another process may have deleted it)
             return self._stored(parts)
         with self._lock:
-            return parts in self._mems or self._stored(parts)
+            return parts in self._mems or parts in self._evicted or self._stored(parts)
 
     def __len__(self) -> int:
         return len(self.list_namespaces())
@@ -377,9 +552,11 @@ class MemoryStore:
         parts = normalize_namespace(ns)
         with self._lock:
             mem = self._mems.pop(parts, None)
+            if mem is None:
+                mem = self._evicted.pop(parts, None)
             existed = mem is not None
             if mem is not None:
-                mem.close_store()
+                mem.close_store()  # an evicted memory still held elsewhere never reopens its store
             if self.url is not None:
                 existed = self._database().drop_namespace(parts) or existed
             elif self.root_dir is not None:
@@ -402,11 +579,12 @@ class MemoryStore:
         """
         pre = normalize_namespace(prefix) if prefix is not None else ()
         with self._lock:
-            found = set(self._mems)
+            found = set(self._mems) | set(self._evicted.keys())
             if self.url is not None:
+                held = {**dict(self._evicted.items()), **self._mems}
                 found = set(self._database().namespaces())
-                for parts in [p for p in self._mems if p not in found]:  # deleted by another process
-                    self._forget_stale(parts, self._mems[parts])
+                for parts in [p for p in held if p not in found]:  # deleted by another process
+                    self._forget_stale(parts, held[parts])
             elif self.root_dir is not None and self.root_dir.is_dir():
                 for d in self.root_dir.iterdir():
                     if d.is_dir() and d.name.startswith("ns-") and (d / _META).is_file():
@@ -453,9 +631,11 @@ class MemoryStore:
         """Close every durable store and the PostgreSQL connections, and forget the open memories
         (stored ones reopen on access)."""
         with self._lock:
-            mems, self._mems = list(self._mems.values()), {}
+            mems = [*self._mems.values(), *list(self._evicted.values())]
+            self._mems, self._evicted = OrderedDict(), weakref.WeakValueDictionary()
+            self._revived.clear()
             db, self._db = self._db, None
-        for m in mems:
+        for m in mems:  # an evicted memory still held elsewhere never reopens its store
             m.close_store()
         if db is not None:
             from .stores import pg_prune
@@ -465,7 +645,7 @@ class MemoryStore:
 
     def __repr__(self) -> str:
         where = f"url={self._db.location!r}" if self._db is not None else f"root_dir={str(self.root_dir)!r}"
-        return f"MemoryStore(namespaces={len(self._mems)} open, {where})"
+        return f"MemoryStore(namespaces={len(self._mems)} open, max_resident={self.max_resident}, {where})"
 
 
 def _takes_positional(fn: Callable[..., Any]) -> bool:
@@ -476,3 +656,9 @@ def _takes_positional(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def _owned(lock: Any) -> bool:
+    """Whether the current thread holds the (reentrant) lock."""
+    owned = getattr(lock, "_is_owned", None)
+    return bool(owned()) if owned is not None else False
