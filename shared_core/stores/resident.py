@@ -9,7 +9,9 @@ descriptors (SQLite) or the registration (PostgreSQL). The memory's ``_durable``
 place and carries on, so a memory evicted under a caller's feet keeps working and stays durable. Nothing
 is embedded again: a store reopened with the change sequence the memory already reflects is simply put
 back; any other store (PostgreSQL, or an SQLite file changed meanwhile) loads its stored rows and
-vectors into the memory.
+vectors into the memory. A PostgreSQL namespace another process deleted (or deleted and created again)
+meanwhile raises :class:`~shared_core.stores.namespace.NamespaceDeletedError`, as the memory would have
+had it stayed open.
 
 Nothing here imports :mod:`shared_core.base`.
 """
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..types import PersistenceError
 from .base import Store
+from .namespace import NamespaceDeletedError
 
 if TYPE_CHECKING:
     from ..base import HierarchicalMemory
@@ -90,6 +93,7 @@ class EvictedStore(Store):
 
         Raises:
             PersistenceError: the store was closed for good, or cannot be opened (``mem`` unchanged).
+            NamespaceDeletedError: the PostgreSQL namespace was deleted by another process.
         """
         if self._reopen is None:
             raise PersistenceError(
@@ -99,6 +103,12 @@ class EvictedStore(Store):
         if mem._durable is not self:
             raise PersistenceError(f"The store {self.location} is no longer this memory's store.")
         store = self._reopen()
+        if self._ns is not None and getattr(store, "_ns", None) != self._ns:
+            store.close()  # PostgreSQL: deleted (or deleted and created again) by another process
+            raise NamespaceDeletedError(
+                f"{self.location} was deleted (delete_namespace) by another process; open it again to "
+                "start a new memory there."
+            )
         try:
             if store.seq != self._seq or not store.seq:
                 store.load_into(mem)  # changed since it was closed: the stored memory wins

@@ -1,0 +1,370 @@
+"""MemoryStore keeps a bounded set of namespaces resident (LRU) and reopens the others from their stores.
+
+A process serving thousands of users must neither run out of file descriptors (two per open SQLite
+namespace) nor keep every namespace it ever served in RAM; an evicted namespace answers exactly as before
+(nothing is embedded again), and a memory a caller or another thread still uses is never broken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared_core import HAT, MemTree, Message, SegTreeMem
+from shared_core.namespaces import DEFAULT_MAX_RESIDENT, MemoryStore
+from shared_core.stores.resident import EvictedStore
+from shared_core.types import InvalidInputError, NodeNotFoundError
+from tests.test_durable import HashEmbedder
+
+ROOT = Path(__file__).resolve().parent.parent
+EMB = HashEmbedder(64)
+
+
+class CountingEmbedder:
+    """HashEmbedder that counts every text it embeds."""
+
+    def __init__(self) -> None:
+        self.inner = HashEmbedder(64)
+        self.texts: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+def _msgs(i: int) -> list[Message]:
+    return [
+        Message(f"user{i} says the secret word is w{i}x", id=f"m{i}a"),
+        Message(f"I like topic{i % 7} a lot", id=f"m{i}b"),
+    ]
+
+
+def _sources(hits: Any) -> set[str]:
+    return {s for h in hits for s in h.source_ids}
+
+
+def _answers(hits: Any) -> list[tuple[str, float, tuple[int, int], tuple[str, ...]]]:
+    return [(h.text, round(float(h.score), 5), tuple(h.span), tuple(h.source_ids)) for h in hits]
+
+
+def _open_fds() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- the argument
+def test_max_resident_is_validated(tmp_path: Path) -> None:
+    f = lambda: SegTreeMem(EMB)  # noqa: E731
+    for bad in (0, -1, True, 2.5, "3"):
+        with pytest.raises(InvalidInputError, match="max_resident"):
+            MemoryStore(f, tmp_path, durable=True, max_resident=bad)  # type: ignore[arg-type]
+    assert MemoryStore(f, tmp_path, durable=True).max_resident == DEFAULT_MAX_RESIDENT == 256
+    assert MemoryStore(f, tmp_path, durable=True, max_resident=None).stats()["max_resident"] is None
+
+
+def test_the_mcp_server_store_uses_the_default(tmp_path: Path) -> None:
+    from shared_core.mcp_server import open_store
+
+    for where in (tmp_path / "store", None):
+        store = open_store(where, "segtree", EMB)
+        assert store.max_resident == DEFAULT_MAX_RESIDENT
+        store.close()
+
+
+# --------------------------------------------------------------------------- thousands of users
+_WORKLOAD = r"""
+import json, os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+sys.path.insert(0, sys.argv[2])
+from shared_core import Message, SegTreeMem
+from shared_core.namespaces import MemoryStore
+from tests.test_durable import HashEmbedder
+
+emb = HashEmbedder(64)
+store = MemoryStore(lambda: SegTreeMem(emb), root_dir=sys.argv[1], durable=True, synchronous="NORMAL")
+N = int(sys.argv[3])
+
+def rss():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no procfs: the peak (it only grows, so a flat peak is flat RSS as well)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+rss_at = {}
+for i in range(N):
+    store.add(("user%d" % i,), [
+        Message("user%d says the secret word is w%dx" % (i, i), id="m%da" % i),
+        Message("I like topic%d a lot" % (i % 7), id="m%db" % i),
+    ])
+    if i + 1 in (1, N // 3, N):
+        rss_at[i + 1] = rss()
+wrong = []
+for i in range(N):
+    hits = store.retrieve(("user%d" % i,), "w%dx secret word" % i, k=3)
+    ids = {s for h in hits for s in h.source_ids}
+    if "m%da" % i not in ids or not ids <= {"m%da" % i, "m%db" % i}:
+        wrong.append(i)
+print(json.dumps({"rss": rss_at, "wrong": wrong[:20], "n_wrong": len(wrong), "stats": store.stats(),
+                  "fds": len(os.listdir("/proc/self/fd"))}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_NOFILE and /proc/self/statm are Linux's")
+def test_three_thousand_namespaces_under_ulimit_1024(tmp_path: Path) -> None:
+    """Default settings, ``ulimit -n 1024``: 3,000 users each get their own answers, open files stay
+    bounded, and RSS levels off once the resident set is full."""
+    n = 3000
+    out = subprocess.run(
+        [sys.executable, "-c", _WORKLOAD, str(tmp_path), str(ROOT), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["n_wrong"] == 0, res["wrong"]
+    stats = res["stats"]
+    assert stats["resident"] <= DEFAULT_MAX_RESIDENT and stats["evictions"] >= n - DEFAULT_MAX_RESIDENT
+    assert res["fds"] < 2 * DEFAULT_MAX_RESIDENT + 100
+    rss = {int(k): v for k, v in res["rss"].items()}
+    first, third, last = rss[1], rss[n // 3], rss[n]
+    assert last - third < 0.5 * (third - first), rss
+
+
+# --------------------------------------------------------------------------- same answers after a reopen
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "retrieve", "delete"]), st.integers(0, 6), st.integers(0, 40)),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS, cls=st.sampled_from([SegTreeMem, MemTree, HAT]))
+def test_evicted_namespaces_answer_like_never_evicted_ones(
+    ops: list[tuple[str, int, int]], cls: type
+) -> None:
+    words = ["otter", "falcon", "lynx", "heron", "bison", "gecko", "music", "garden", "code", "travel"]
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        small = MemoryStore(lambda: cls(EMB), a, durable=True, synchronous="NORMAL", max_resident=3)
+        whole = MemoryStore(lambda: cls(EMB), b, durable=True, synchronous="NORMAL", max_resident=None)
+        added: dict[int, list[str]] = {}
+        try:
+            for step, (op, u, x) in enumerate(ops):
+                ns = ("user", str(u))
+                if op == "add":
+                    mid = f"s{step}"
+                    text = f"user {u} note {x}: {words[x % 10]} and {words[(x * 7 + u) % 10]}"
+                    for s in (small, whole):
+                        s.add(ns, Message(text, id=mid))
+                    added.setdefault(u, []).append(mid)
+                elif op == "delete":
+                    ids = added.get(u)
+                    if not ids:
+                        for s in (small, whole):
+                            with pytest.raises(NodeNotFoundError):
+                                s.delete(ns, "nope")
+                        continue
+                    mid = ids.pop(x % len(ids))
+                    assert small.delete(ns, mid) == whole.delete(ns, mid)
+                else:
+                    q = f"{words[x % 10]} {words[(x + u) % 10]}"
+                    assert _answers(small.retrieve(ns, q, k=5)) == _answers(whole.retrieve(ns, q, k=5))
+                assert small.resident <= 3
+            for u in added:
+                ns = ("user", str(u))
+                for q in words[:3]:
+                    assert _answers(small.retrieve(ns, q, k=8)) == _answers(whole.retrieve(ns, q, k=8))
+            if len({u for op, u, _ in ops if op == "add"}) > 3:
+                assert small.stats()["evictions"] > 0
+        finally:
+            small.close()
+            whole.close()
+
+
+def test_reopening_never_embeds_again(tmp_path: Path) -> None:
+    emb = CountingEmbedder()
+    store = MemoryStore(lambda: SegTreeMem(emb), tmp_path, durable=True, max_resident=2)
+    for i in range(10):
+        store.add(f"user{i}", _msgs(i))
+    assert store.stats()["evictions"] == 8 and store.resident == 2
+    before = len(emb.texts)
+    for _round in range(2):
+        for i in range(10):
+            hits = store.retrieve(f"user{i}", f"w{i}x secret", k=3)
+            assert f"m{i}a" in _sources(hits) and _sources(hits) <= {f"m{i}a", f"m{i}b"}
+    assert len(emb.texts) - before == 20  # the queries, nothing else
+    assert all("secret" in t for t in emb.texts[before:])
+    assert store.resident == 2
+    store.close()
+
+
+def test_in_memory_namespaces_are_never_evicted() -> None:
+    store = MemoryStore(lambda: SegTreeMem(EMB), max_resident=2)
+    for i in range(6):
+        store.add(f"user{i}", _msgs(i))
+    assert store.resident == 6 and store.stats()["evictions"] == 0
+    for i in range(6):
+        assert f"m{i}a" in _sources(store.retrieve(f"user{i}", f"w{i}x secret", k=3))
+
+
+def test_saved_namespaces_are_never_evicted(tmp_path: Path) -> None:
+    """``root_dir`` without ``durable``: the memories live only in RAM until ``save()``."""
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, max_resident=2)
+    for i in range(5):
+        store.add(f"user{i}", _msgs(i))
+    assert store.resident == 5
+    assert len(store.save()) == 5
+
+
+# --------------------------------------------------------------------------- handles held by callers
+def test_a_held_memory_keeps_working_after_its_eviction(tmp_path: Path) -> None:
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True, max_resident=2)
+    held = store.get_or_create("alice")
+    held.add(_msgs(0))
+    for i in range(1, 5):  # alice is evicted: her store is closed, the handle stays valid
+        store.add(f"user{i}", _msgs(i))
+    assert isinstance(held._durable, EvictedStore) and store.resident == 2
+    fds = _open_fds()
+    held.add(Message("alice adopted a beagle named Luna", id="luna"))  # reopens her store in place
+    assert not isinstance(held._durable, EvictedStore)
+    assert store.get("alice") is held  # one memory per namespace, never two
+    assert store.resident == 2 and store.stats()["reopened"] == 1
+    if fds is not None:
+        assert _open_fds() == fds  # another namespace's store was closed to make room
+    assert "luna" in _sources(store.retrieve("alice", "beagle Luna", k=3))
+    store.close()
+    again = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True)
+    assert {"m0a", "m0b", "luna"} <= _sources(again.retrieve("alice", "beagle Luna secret w0x", k=5))
+    again.close()
+
+
+def test_an_unreferenced_evicted_memory_is_freed(tmp_path: Path) -> None:
+    import gc
+
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True, max_resident=1)
+    store.add("alice", _msgs(0))
+    ref = weakref.ref(store.get_or_create("alice"))
+    store.add("bob", _msgs(1))
+    gc.collect()
+    assert ref() is None
+    assert "m0a" in _sources(store.retrieve("alice", "w0x secret", k=3))
+    store.close()
+
+
+def test_deleting_an_evicted_namespace(tmp_path: Path) -> None:
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True, max_resident=1)
+    store.add("alice", _msgs(0))
+    held = store.get_or_create("alice")
+    store.add("bob", _msgs(1))
+    assert "alice" in store and store.list_namespaces() == [("alice",), ("bob",)]
+    assert store.delete_namespace("alice")
+    assert "alice" not in store and store.retrieve("alice", "secret") == []
+    assert held.store_location is None  # never reopens the deleted store: in memory only
+    assert not (tmp_path / store.path_of("alice").name).exists()  # type: ignore[union-attr]
+    store.close()
+
+
+# --------------------------------------------------------------------------- threads
+def test_threads_on_more_namespaces_than_resident_never_hit_a_closed_store(tmp_path: Path) -> None:
+    n_ns, n_threads, per_thread = 12, 6, 40
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True, synchronous="NORMAL", max_resident=3)
+    added: dict[int, list[str]] = {u: [] for u in range(n_ns)}
+    guard = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        rnd = random.Random(t)
+        try:
+            for j in range(per_thread):
+                u = rnd.randrange(n_ns)
+                ns = f"user{u}"
+                r = rnd.random()
+                if r < 0.4:
+                    mid = f"t{t}-{j}"
+                    store.add(ns, Message(f"user{u} fact {mid} about topic{u}", id=mid))
+                    with guard:
+                        added[u].append(mid)
+                elif r < 0.7:
+                    hits = store.retrieve(ns, f"topic{u} fact", k=20)
+                    assert all(s.startswith("t") for s in _sources(hits))
+                    assert all(f"user{u} " in h.text for h in hits if h.is_leaf)
+                else:  # a caller holding the memory itself, as HierMemStore and the MCP server do
+                    mem = store.get_or_create(ns)
+                    hits = mem.retrieve(f"topic{u}", k=5) if len(mem) else []
+                    assert all(f"user{u} " in h.text for h in hits if h.is_leaf)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    assert store.stats()["evictions"] > 0
+    store.retrieve("user0", "topic0")
+    assert store.resident <= 3
+    store.close()
+    again = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True, max_resident=None)
+    for u, ids in added.items():
+        mem = again.get(f"user{u}")
+        got = set() if mem is None else {s for s, lids in mem._store.by_source.items() if lids}
+        assert got == set(ids), u
+    again.close()
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+def test_postgres_namespaces_are_evicted_and_reopened(pg_url: str) -> None:
+    pytest.importorskip("psycopg")
+    from shared_core.namespaces import NamespaceDeletedError
+
+    emb = CountingEmbedder()
+    a = MemoryStore(lambda: SegTreeMem(emb), url=pg_url, max_resident=2)
+    b = MemoryStore(lambda: SegTreeMem(EMB), url=pg_url)
+    held = a.get_or_create("alice")
+    held.add(_msgs(0))
+    for i in range(1, 6):
+        a.add(f"user{i}", _msgs(i))
+    assert a.resident == 2 and a.stats()["evictions"] >= 4 and isinstance(held._durable, EvictedStore)
+    before = len(emb.texts)
+    for i in range(1, 6):
+        assert f"m{i}a" in _sources(a.retrieve(f"user{i}", f"w{i}x secret", k=3))
+    assert len(emb.texts) - before == 5  # the queries only: vectors come from the database
+    held.add(Message("alice adopted a beagle named Luna", id="luna"))  # reopened in place
+    assert a.get("alice") is held and "luna" in _sources(b.retrieve("alice", "beagle Luna", k=3))
+
+    # another process deletes an evicted namespace, or deletes and creates it again
+    for i in range(1, 4):
+        a.retrieve(f"user{i}", "secret")  # alice and user4 / user5 are evicted now
+    assert isinstance(held._durable, EvictedStore)
+    assert b.delete_namespace("alice") and b.delete_namespace("user4")
+    b.add("user4", Message("a new user4 likes chess", id="chess"))
+    assert a.retrieve("alice", "beagle Luna") == [] and "alice" not in a
+    assert _sources(a.retrieve("user4", "chess w4x secret", k=5)) == {"chess"}
+    with pytest.raises(NamespaceDeletedError):
+        held.retrieve("beagle")  # the stale handle says so rather than answering from old data
+    a.close()
+    b.close()
