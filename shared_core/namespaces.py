@@ -617,7 +617,8 @@ class MemoryStore:
         return out
 
     def load(self) -> list[Namespace]:
-        """Open every namespace stored under ``root_dir`` (otherwise they open on first access).
+        """Open every namespace stored under ``root_dir`` (otherwise they open on first access); with
+        more than ``max_resident`` durable ones, the last ``max_resident`` stay open.
 
         Returns:
             The namespaces found.
