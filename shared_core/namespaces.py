@@ -56,6 +56,7 @@ import threading
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -384,7 +385,10 @@ class MemoryStore:
                 mem._durable = EvictedStore(
                     store, partial(self._reopen_store, parts), partial(self._revive, parts)
                 )
-                store.close()  # the memory's lock is held: nobody reopens it before this is done
+                # the memory's lock is held: nobody reopens it before this is done; a failure to close
+                # (SQLite never raises here) must not fail the call of another namespace that made room
+                with suppress(Exception):
+                    store.close()
                 self._evictions += 1
         finally:
             lock.release()

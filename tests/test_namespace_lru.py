@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,14 @@ class CountingEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         self.texts.extend(texts)
         return self.inner.embed(texts)
+
+
+class SlowEmbedder(CountingEmbedder):
+    """Takes a millisecond per call, so that threads overlap inside memories."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(0.001)
+        return super().embed(texts)
 
 
 def _msgs(i: int) -> list[Message]:
@@ -290,7 +299,8 @@ def test_deleting_an_evicted_namespace(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- threads
 def test_threads_on_more_namespaces_than_resident_never_hit_a_closed_store(tmp_path: Path) -> None:
     n_ns, n_threads, per_thread = 12, 6, 40
-    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True, synchronous="NORMAL", max_resident=3)
+    emb = SlowEmbedder()  # calls overlap: evictions are tried while other threads are inside memories
+    store = MemoryStore(lambda: SegTreeMem(emb), tmp_path, durable=True, synchronous="NORMAL", max_resident=3)
     added: dict[int, list[str]] = {u: [] for u in range(n_ns)}
     guard = threading.Lock()
     errors: list[BaseException] = []
