@@ -14,6 +14,11 @@ peak RSS of the memory's own process (``resource.getrusage``; each memory runs i
 ``isolate=True``), its RSS after the stream was generated, and — in a separate pass for sizes up to
 ``trace_max`` — the Python/numpy allocations ``tracemalloc`` sees (FAISS's C++ buffers are not traced).
 
+Evicted namespaces (:func:`namespace_profile`): a ``MemoryStore`` of durable SQLite namespaces on the
+same stubs; the time to open an evicted namespace again (its rows and vectors read back, its index
+rebuilt; the texts embedded meanwhile are counted and must be none) and the RSS each resident message
+costs.
+
 Throughput: messages per second added (one ``add`` per session) into each memory built on the embedded
 defaults — the real :class:`~shared_core.models.local.LocalEmbedder`, no LLM — over the first turns of
 the bundled RealMem excerpt, with flat dense retrieval beside it.
@@ -54,6 +59,7 @@ __all__ = [
     "flat_search_timings",
     "machine_description",
     "memory_profile",
+    "namespace_profile",
     "pin_threads",
     "render_markdown",
     "run_bench",
@@ -634,6 +640,140 @@ def memory_profile(kind: str, sizes: Sequence[int], *, seed: int = 0, chunk: int
             tracemalloc.stop()
 
 
+class _CountingReplay(ReplayEmbedder):
+    """A :class:`ReplayEmbedder` that counts the texts it embeds."""
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        super().__init__(table)
+        self.texts = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts += len(texts)
+        return super().embed(texts)
+
+
+def _resident_bytes() -> int | None:
+    """RSS now (psutil, else ``/proc/self/statm``), or ``None`` when neither is available."""
+    r = _rss()
+    if r is None:
+        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/statm") as f:
+            r = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return r
+
+
+_RESIDENT_RSS = r"""
+import json, sys
+from shared_core.bench import ReplayEmbedder, _resident_bytes, stub_memory
+from shared_core.namespaces import MemoryStore
+kind, root, names = sys.argv[1], sys.argv[2], [tuple(n) for n in json.loads(sys.argv[3])]
+emb = ReplayEmbedder({})
+st = MemoryStore(lambda: stub_memory(kind, emb), root, durable=True, max_resident=None)
+st.get(names[0])  # libraries loaded, caches warm
+r0 = _resident_bytes()
+for ns in names[1:]:
+    st.get(ns)
+r1 = _resident_bytes()
+print(json.dumps(None if r0 is None or r1 is None else r1 - r0))
+"""
+
+
+def _resident_rss(kind: str, root: str, names: list[tuple[str, ...]]) -> int | None:
+    """RSS added by opening ``names[1:]`` after ``names[0]``, in a fresh interpreter (so that memory freed
+    earlier in this process does not hide the growth); ``None`` when it cannot be measured."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _RESIDENT_RSS, kind, root, json.dumps(names)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            check=True,
+        )
+        v = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return None if v is None else int(v)
+
+
+def namespace_profile(
+    kind: str, messages: int = 1_000, *, namespaces: int = 8, reopens: int = 8, seed: int = 0
+) -> dict[str, Any]:
+    """A :class:`~shared_core.namespaces.MemoryStore` of durable SQLite namespaces on stub models: the cold
+    open of an evicted namespace, and RSS per resident message.
+
+    ``namespaces`` namespaces of ``messages`` messages each (one ``add`` each) are written to SQLite stores
+    in a temporary directory. Cold open: with ``max_resident=1`` the namespaces are opened in turn
+    (``MemoryStore.get``), so each open reads an evicted namespace's rows and vectors back and rebuilds its
+    index; nothing may be embedded again. RSS: in a fresh interpreter, one namespace is opened (libraries
+    loaded), then all the others at once (``max_resident=None``); the RSS they added, divided by their
+    messages.
+
+    Args:
+        kind: the memory kind.
+        messages: messages per namespace (>= 1), default 1,000.
+        namespaces: namespaces written (>= 2), default 8.
+        reopens: timed cold opens, default 8.
+        seed: stream seed, default 0.
+
+    Returns:
+        ``{"kind", "messages", "namespaces", "cold_open": {"wall", "cpu"} (median_ms, p90_ms, mean_ms),
+        "embedded_texts_on_reopen", "rss_per_resident_message_bytes" (``None`` without a way to read
+        RSS), "sqlite_bytes_per_message"}``.
+
+    Raises:
+        InvalidInputError: an unknown kind, or counts out of range.
+    """
+    import tempfile
+
+    from .namespaces import MemoryStore
+
+    if messages < 1 or namespaces < 2 or reopens < 1:
+        raise InvalidInputError("messages and reopens must be >= 1 and namespaces >= 2.")
+    texts, table = topical_stream(messages * namespaces, seed)
+    emb = _CountingReplay(table)
+    names = [("bench", f"user{i}") for i in range(namespaces)]
+    with tempfile.TemporaryDirectory(prefix="hiermem-ns-") as root:
+
+        def store(max_resident: int | None) -> MemoryStore:
+            return MemoryStore(
+                lambda: stub_memory(kind, emb),
+                root,
+                durable=True,
+                synchronous="NORMAL",
+                max_resident=max_resident,
+            )
+
+        st = store(1)
+        for i, ns in enumerate(names):
+            st.add(ns, texts[i * messages : (i + 1) * messages])
+        st.close()
+        st = store(1)
+        before = emb.texts
+        walls, cpus = [], []
+        for r in range(reopens):
+            w, c = _timed(lambda r=r: st.get(names[r % namespaces]))
+            walls.append(w)
+            cpus.append(c)
+        reembedded = emb.texts - before
+        st.close()
+        rss = _resident_rss(kind, root, names)
+        disk = sum(f.stat().st_size for f in Path(root).rglob("memory.sqlite*"))
+    n = messages * namespaces
+    return {
+        "kind": kind,
+        "messages": messages,
+        "namespaces": namespaces,
+        "cold_open": {"wall": _stats(walls), "cpu": _stats(cpus)},
+        "embedded_texts_on_reopen": reembedded,
+        "rss_per_resident_message_bytes": None if rss is None else rss / (messages * (namespaces - 1)),
+        "sqlite_bytes_per_message": disk / n,
+    }
+
+
 def _check_sizes(sizes: Sequence[int]) -> list[int]:
     try:
         out = sorted({int(s) for s in sizes})
@@ -738,6 +878,7 @@ def run_bench(
     trace_max: int = 10_000,
     seed: int = 0,
     size_caps: dict[str, int] | None = None,
+    namespace_messages: int | None = None,
     out: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -754,12 +895,15 @@ def run_bench(
         seed: stream seed, default 0.
         size_caps: ``{kind: largest size}`` for memories too costly at the largest sizes; the sizes left
             out are listed in ``doc["not_run"]``. Default none.
+        namespace_messages: messages per namespace of :func:`namespace_profile` (cold open of an
+            evicted SQLite namespace, RSS per resident message), run for each memory; default the
+            smallest size capped at 1,000; 0 to skip.
         out: directory for ``bench.json``, ``bench.md`` and ``bench.png`` (``None``: nothing written).
         progress: callback receiving one line of text per finished step.
 
     Returns:
         ``{"schema", "machine": {"start", "end"}, "config", "memories": {kind: {...bench_memory...,
-        "growth": {...}, "memory_profile": ...}}, "throughput"}``.
+        "growth": {...}, "memory_profile": ..., "namespaces": ...namespace_profile...}}, "throughput"}``.
 
     Raises:
         InvalidInputError: bad sizes, an unknown memory, or non-positive counts.
@@ -775,6 +919,9 @@ def run_bench(
         raise InvalidInputError(
             f"Unknown memory {', '.join(unknown) or '(none)'}; choose from {', '.join(available)}."
         )
+    ns_messages = min(sizes[0], 1_000) if namespace_messages is None else int(namespace_messages)
+    if ns_messages < 0:
+        raise InvalidInputError(f"namespace_messages must be >= 0, got {namespace_messages!r}.")
     caps = {str(k).lower(): int(v) for k, v in (size_caps or {}).items()}
     bad = [k for k in caps if k not in kinds]
     if bad:
@@ -796,6 +943,7 @@ def run_bench(
             "trace_max": int(trace_max),
             "throughput_turns": int(throughput_turns),
             "size_caps": caps,
+            "namespace_messages": ns_messages,
             "threads": "BLAS and FAISS pinned to 1 thread for the overhead runs",
             "stubs": "ReplayEmbedder (precomputed vectors); SpanEndsSummarizer (SegTreeMem, HAT, XMemory), "
             "FirstTextSummarizer (MemTree); SegTreeMem relevance='dense'",
@@ -830,6 +978,8 @@ def run_bench(
         traced = [s for s in run_sizes if s <= trace_max]
         if traced:
             r["memory_profile"] = _in_process(memory_profile, isolate, kind, traced, seed=seed)
+        if ns_messages:
+            r["namespaces"] = _in_process(namespace_profile, isolate, kind, ns_messages, seed=seed)
         doc["memories"][kind] = r
         if out is not None:  # partial results survive an interrupted run
             doc["machine"]["end"] = machine_description()
@@ -858,7 +1008,8 @@ def _f(v: Any, d: int = 3) -> str:
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
-    """Markdown tables of a bench document: machine, inserts, retrieval, memory, throughput.
+    """Markdown tables of a bench document: machine, inserts, retrieval, memory, evicted namespaces,
+    throughput.
 
     Args:
         doc: the document returned by :func:`run_bench`.
@@ -939,6 +1090,22 @@ def render_markdown(doc: dict[str, Any]) -> str:
                     f"| {kind} | {s['leaves']} | {_f(s['traced_bytes'] / 2**20, 1)} | "
                     f"{_f(s['traced_peak_bytes'] / 2**20, 1)} | {_f(s['bytes_per_leaf'], 0)} |"
                 )
+    nsp = [(k, r["namespaces"]) for k, r in doc["memories"].items() if r.get("namespaces")]
+    if nsp:
+        lines += [
+            "",
+            "## Evicted namespaces (MemoryStore on SQLite)",
+            "",
+            "| memory | messages per namespace | cold open median ms (CPU) | texts embedded on reopen "
+            "| RSS bytes per resident message | SQLite bytes per message |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for kind, p in nsp:
+            lines.append(
+                f"| {kind} | {p['messages']} | {_f(p['cold_open']['wall']['median_ms'], 1)} "
+                f"({_f(p['cold_open']['cpu']['median_ms'], 1)}) | {p['embedded_texts_on_reopen']} | "
+                f"{_f(p['rss_per_resident_message_bytes'], 0)} | {_f(p['sqlite_bytes_per_message'], 0)} |"
+            )
     tp = doc.get("throughput")
     if tp:
         lines += [

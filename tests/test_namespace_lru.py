@@ -378,3 +378,16 @@ def test_postgres_namespaces_are_evicted_and_reopened(pg_url: str) -> None:
         held.retrieve("beagle")  # the stale handle says so rather than answering from old data
     a.close()
     b.close()
+
+
+# --------------------------------------------------------------------------- hiermem bench
+def test_bench_namespace_profile() -> None:
+    from shared_core.bench import namespace_profile
+
+    p = namespace_profile("segtree", 60, namespaces=3, reopens=3)
+    assert p["embedded_texts_on_reopen"] == 0
+    assert p["cold_open"]["cpu"]["median_ms"] > 0 and p["sqlite_bytes_per_message"] > 0
+    rss = p["rss_per_resident_message_bytes"]
+    assert rss is None or isinstance(rss, float)
+    with pytest.raises(InvalidInputError):
+        namespace_profile("segtree", 0)
