@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_core import HAT, MemTree, Message, SegTreeMem
+from shared_core import HAT, MemTree, Message, SegTreeMem, XMemory
 from shared_core.namespaces import DEFAULT_MAX_RESIDENT, MemoryStore
 from shared_core.stores.resident import EvictedStore
 from shared_core.types import InvalidInputError, NodeNotFoundError
@@ -170,8 +170,8 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=_OPS, cls=st.sampled_from([SegTreeMem, MemTree, HAT]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS, cls=st.sampled_from([SegTreeMem, MemTree, HAT, XMemory]))
 def test_evicted_namespaces_answer_like_never_evicted_ones(
     ops: list[tuple[str, int, int]], cls: type
 ) -> None:
