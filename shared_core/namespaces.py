@@ -55,8 +55,8 @@ import shutil
 import threading
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -205,6 +205,7 @@ class MemoryStore:
             weakref.WeakValueDictionary()
         )
         self._pins: dict[Namespace, int] = {}  # MemoryStore calls under way, per namespace
+        self._openers: dict[Namespace, list[Any]] = {}  # [lock, users] of namespaces being opened
         self._revived: deque[tuple[Namespace, HierarchicalMemory]] = deque()  # reopened by their holder
         self._evictions = 0
         self._reopens = 0
@@ -286,7 +287,32 @@ class MemoryStore:
     def _open(self, parts: Namespace, *, create: bool, pin: bool = False) -> HierarchicalMemory | None:
         """The memory of ``parts`` as this process holds it (with PostgreSQL it may be stale), else
         opened from where it is stored, else new when ``create`` (else ``None``); made the most
-        recently used, and pinned (not evictable until :meth:`_unpin`) when ``pin``."""
+        recently used, and pinned (not evictable until :meth:`_unpin`) when ``pin``.
+
+        A namespace is read from its store without the table's lock (other namespaces go on meanwhile);
+        one thread at a time opens a given namespace."""
+        mem = self._resident(parts, pin)
+        if mem is not None:
+            return mem
+        with self._opening(parts):
+            mem = self._resident(parts, pin)  # opened by another thread meanwhile
+            if mem is not None:
+                return mem
+            if not create and not self._stored(parts):
+                return None
+            with self._lock:
+                self._make_room()  # before its files are opened
+            mem = self._load(parts)
+            with self._lock:
+                self._make_room()
+                self._mems[parts] = mem
+                if pin:
+                    self._pins[parts] = self._pins.get(parts, 0) + 1
+            return mem
+
+    def _resident(self, parts: Namespace, pin: bool) -> HierarchicalMemory | None:
+        """The memory of ``parts`` when this process holds it (resident, or evicted and still held
+        elsewhere: made resident again), made the most recently used and pinned when ``pin``."""
         with self._lock:
             self._drain()
             mem = self._mems.get(parts)
@@ -295,16 +321,30 @@ class MemoryStore:
             else:
                 mem = self._evicted.pop(parts, None)  # evicted, still held elsewhere: the same memory
                 if mem is None:
-                    if not create and not self._stored(parts):
-                        return None
-                    self._make_room()
-                    mem = self._load(parts)
-                else:
-                    self._make_room()
+                    return None
+                self._make_room()
                 self._mems[parts] = mem
             if pin:
                 self._pins[parts] = self._pins.get(parts, 0) + 1
             return mem
+
+    @contextmanager
+    def _opening(self, parts: Namespace) -> Iterator[None]:
+        """Hold the namespace's own lock: one opener (or deleter) of ``parts`` at a time. Taken without
+        the table's lock held."""
+        with self._lock:
+            entry = self._openers.get(parts)
+            if entry is None:
+                entry = self._openers[parts] = [threading.Lock(), 0]
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0 and self._openers.get(parts) is entry:
+                    del self._openers[parts]
 
     def _load(self, parts: Namespace) -> HierarchicalMemory:
         """A new memory of ``parts``, bound to its store or loaded from its save when there is one."""
@@ -554,7 +594,7 @@ class MemoryStore:
             Whether the namespace existed.
         """
         parts = normalize_namespace(ns)
-        with self._lock:
+        with self._opening(parts), self._lock:  # not while another thread opens it
             mem = self._mems.pop(parts, None)
             if mem is None:
                 mem = self._evicted.pop(parts, None)

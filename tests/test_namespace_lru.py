@@ -346,6 +346,35 @@ def test_threads_on_more_namespaces_than_resident_never_hit_a_closed_store(tmp_p
     again.close()
 
 
+def test_opening_a_namespace_does_not_block_the_others(tmp_path: Path) -> None:
+    """A namespace is read from its store outside the table's lock: while one thread opens a namespace
+    (here its factory waits), calls on other namespaces go on."""
+    release, entered = threading.Event(), threading.Event()
+    timed_out: list[bool] = []
+
+    def factory(ns: tuple[str, ...]) -> SegTreeMem:
+        if ns == ("slow",):
+            entered.set()
+            timed_out.append(not release.wait(20))  # times out only when the calls below were blocked
+        return SegTreeMem(EMB)
+
+    store = MemoryStore(factory, tmp_path, durable=True, max_resident=2)
+    store.add("b", _msgs(1))
+    store.add("c", _msgs(2))
+    opener = threading.Thread(target=store.add, args=("slow", _msgs(0)))
+    opener.start()
+    assert entered.wait(30)
+    assert "m1a" in _sources(store.retrieve("b", "w1x secret", k=3))  # resident
+    store.add("d", _msgs(3))  # a new namespace, evicting one
+    assert "m2a" in _sources(store.retrieve("c", "w2x secret", k=3))  # evicted: reopened
+    release.set()
+    opener.join()
+    assert timed_out == [False]
+    assert "m0a" in _sources(store.retrieve("slow", "w0x secret", k=3))
+    assert store.resident <= 2
+    store.close()
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 def test_postgres_namespaces_are_evicted_and_reopened(pg_url: str) -> None:
     pytest.importorskip("psycopg")
