@@ -122,7 +122,11 @@ class EvictedStore(Store):
 
     # every use of the store: open it, then do what was asked
     def meta(self) -> dict[str, Any] | None:
-        """Unused by a memory once it is bound: reads the metadata of the store, reopened."""
+        """Not asked of a bound memory's store (only while binding one).
+
+        Raises:
+            PersistenceError: always; the store is closed.
+        """
         raise PersistenceError(f"The store {self.location} is closed.")
 
     def load_into(self, mem: HierarchicalMemory) -> None:
