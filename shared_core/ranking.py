@@ -4,6 +4,12 @@
 (``dense`` / ``bm25`` / ``hybrid``), relevance propagated over the memory's tree, the admissible,
 filtered and budgeted candidate lists of a retrieval, and the hits made from them. Each memory adds its
 own structure and policies on top.
+
+Rankings do not depend on the CPU: every dense score is :func:`~shared_core.index.inner_products` (the
+exact cosine rounded to float32, the same bits whichever rows are scored and whatever the SIMD width or
+BLAS kernel), and every cut of a ranking (:func:`best_first`, :func:`~shared_core.index.top_k`) breaks
+exact ties by node id, ascending. Only which nodes the approximate first stage
+(:meth:`Ranking._relevance_candidates`) proposes can differ between machines, at its margin.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from ..index import UNIT_ROW_NORM, inner_products, top_k
+from ..index import inner_products, top_k, unit_row_norm
 from ..lexical import LexicalIndex
 from ..models.base import Embedder, validate_embeddings
 from ..relevance import DEFAULT_HYBRID_WEIGHT, check_weight, fuse
@@ -236,7 +236,7 @@ class FlatDense(_Flat):
         assert self._index is not None
         n, d = self._index.ntotal, self._index.d
         mat = faiss.rev_swig_ptr(self._index.get_xb(), n * d).reshape(n, d)
-        return inner_products(mat, q[0], row_norm=UNIT_ROW_NORM)
+        return inner_products(mat, q[0], row_norm=unit_row_norm(d))
 
     def retrieve(self, query: str, k: int = 10, *, max_tokens: int | None = None) -> list[Hit]:
         """The ``k`` messages most similar to ``query`` (cosine), best first.
