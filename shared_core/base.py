@@ -12,7 +12,6 @@ import abc
 import asyncio
 import copy
 import inspect
-import json
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -43,6 +42,7 @@ from .types import (
     UnknownPolicyError,
     Usage,
     as_messages,
+    check_message_fields,
 )
 from .vectors import NodeVectors
 
@@ -99,9 +99,16 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
     lexical index, so readers do not run concurrently with each other either).
 
     Input limits: a message text has at most :attr:`max_message_chars` characters (default 100,000;
-    split longer documents before adding them, or raise the attribute on the instance); a message
-    (text, fields and metadata) must be valid Unicode (no lone surrogates such as ``"\\ud800"``) and
-    JSON-serialisable. Control characters are kept as data.
+    split longer documents before adding them, or raise the attribute on the instance); its other
+    stored fields at most ``MAX_SPEAKER_CHARS`` (1,000) characters of ``speaker``,
+    ``MAX_ROLE_CHARS`` (256) of ``role``, ``MAX_TIMESTAMP_CHARS`` (256) of ``timestamp`` and
+    ``MAX_ID_CHARS`` (1,000) of ``id``, and ``metadata`` of at most ``MAX_METADATA_BYTES`` (100,000)
+    bytes as JSON nested at most ``MAX_METADATA_DEPTH`` (32) levels (constants of
+    :mod:`shared_core.types`); a message (text, fields and metadata) must be valid Unicode (no lone
+    surrogates such as ``"\\ud800"``) and JSON-serialisable. Control characters are kept as data. Every
+    message of an ``add`` is checked before anything changes: a rejected call (an
+    :class:`~shared_core.types.InvalidInputError` naming the field and the limit) leaves the memory
+    as it was.
     """
 
     kind: ClassVar[str] = "memory"
@@ -268,7 +275,8 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
 
         Raises:
             InvalidInputError: ``None``, empty or whitespace-only text, a non-string item, a text longer
-                than :attr:`max_message_chars`, a lone surrogate, or metadata that is not JSON.
+                than :attr:`max_message_chars`, a speaker, role, timestamp, id or metadata over its limit
+                (see the class), a lone surrogate, or metadata that is not JSON.
             EmbeddingError: the embedder returned vectors of the wrong shape or NaN.
             ModelError: a model provider failed after its retries.
             PersistenceError: the durable store could not commit the change.
@@ -839,8 +847,9 @@ def check_message(m: Message, max_chars: int, i: int = 0) -> None:
         i: its position in the call (for the error message).
 
     Raises:
-        InvalidInputError: text longer than ``max_chars``; a lone surrogate in any field; metadata that
-            is not JSON-serialisable.
+        InvalidInputError: text longer than ``max_chars``; a stored field over its limit (naming the
+            field and the limit: :func:`~shared_core.types.check_message_fields`); a lone surrogate in
+            any field; metadata that is not JSON-serialisable.
     """
     if len(m.text) > max_chars:
         raise InvalidInputError(
@@ -848,15 +857,7 @@ def check_message(m: Message, max_chars: int, i: int = 0) -> None:
             "(max_message_chars). Split long documents into smaller messages (e.g. paragraphs) before "
             "adding them, or raise max_message_chars on the memory."
         )
-    try:
-        payload = json.dumps(m.to_dict(), ensure_ascii=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidInputError(
-            f"Item {i}: the message metadata is not JSON-serialisable ({e}); use str / int / float / bool / "
-            "None / lists / dicts."
-        ) from None
-    except RecursionError:
-        raise InvalidInputError(f"Item {i}: the message metadata is nested too deeply.") from None
+    payload = check_message_fields(m, i)
     _check_unicode(payload, f"message (item {i})")
 
 

@@ -35,6 +35,7 @@ from .hat_agent import (
     layer_sizes,
     parse_action,
 )
+from .index import inner_products
 from .models.base import LLM, Embedder, Summarizer
 from .prompts import hat as P
 from .propagation import check_alpha, check_horizon
@@ -817,7 +818,7 @@ class HAT(MemoryAgent, HierarchicalMemory):
                 width = beam or self.beam or k
                 if relevance == "dense":  # the cosine itself, as the first version
                     q = query_vector()
-                    cands = self._greedy(lambda nids: self._vectors(nids) @ q, width, patience)
+                    cands = self._greedy(lambda nids: inner_products(self._vectors(nids), q), width, patience)
                 else:
                     ids, r = scores()
                     table = dict(zip(ids.tolist(), np.asarray(r, dtype=np.float64).tolist()))

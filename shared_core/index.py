@@ -2,9 +2,10 @@
 
 Inner product of normalised vectors is cosine similarity. Ids are node ids. An update of an existing id
 overwrites its row in place (O(dim)), which equals remove + add for a flat index but does not shift rows;
-removal compacts the index (O(n)), so it is kept for deletions. Scoring every node for one query runs
-FAISS's inner-product kernel over its own storage (no copy); top-k and restricted search
-(``IDSelectorBatch``) use FAISS.
+removal compacts the index (O(n)), so it is kept for deletions. Every score it gives (all nodes, some
+rows, top-k, restricted top-k) is :func:`inner_products`: the exact dot product rounded to float32, the
+same bits on every CPU and whichever rows are scored with it; top-k lists break exact ties by node id,
+ascending. FAISS holds the vectors; its own search kernels are not used for scores.
 
 Changes can be grouped in a transaction (:meth:`NodeIndex.begin` / :meth:`~NodeIndex.commit` /
 :meth:`~NodeIndex.rollback`): the index keeps the previous vector of every row it overwrites and, at the
@@ -14,6 +15,8 @@ even when the failure interrupted an update half-way.
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +27,15 @@ import numpy as np
 from .arrays import grow, lookup
 from .types import EmbeddingError, InvalidInputError, PersistenceError
 
-__all__ = ["NodeIndex", "inner_products", "normalize_rows"]
+__all__ = [
+    "NodeIndex",
+    "UNIT_ROW_NORM",
+    "exact_dot",
+    "inner_products",
+    "normalize_rows",
+    "top_k",
+    "unit_row_norm",
+]
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
@@ -35,19 +46,114 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     return x / norms
 
 
-_BATCHED_D = frozenset({1, 2, 4, 8, 12})  # widths fvec_inner_products_ny has a batched kernel for
+#: an upper bound of the L2 norm of a row normalised by :func:`normalize_rows` (its norm is 1 within
+#: about ``d * 2^-24``, under 1e-3 below 16,000 dimensions); the error bound of :func:`inner_products`
+#: for the node index's rows (see :func:`unit_row_norm`)
+UNIT_ROW_NORM = 1.001
 
 
-def inner_products(X: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """Inner products of every row of ``X`` with each query, by FAISS's SIMD kernel.
+def unit_row_norm(dim: int) -> float | None:
+    """:data:`UNIT_ROW_NORM` for normalised rows of ``dim`` dimensions, ``None`` (compute the norms)
+    past 16,000 dimensions, where float32 rounding could take a norm above it."""
+    return UNIT_ROW_NORM if dim <= 16_000 else None
 
-    Each product is computed by the same routine whatever the batch, so ``ip(x, y)`` is bitwise
-    ``ip(y, x)`` and does not depend on where a row sits (what an exact incremental kNN graph needs to
-    equal its rebuild); 2-3x faster than a single-threaded BLAS ``sgemv`` at 10k-100k rows of 384.
+
+def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` best scores, best first, exact ties by id ascending.
+
+    The ranking rule of every top-k cut: ``np.lexsort((ids, -scores))[:k]``, computed by selecting
+    with ``argpartition`` every position scoring at least the ``k``-th best (ties kept whole, so the
+    cut does not depend on ``argpartition``'s unstable order) and sorting only those.
 
     Args:
-        X: float32 ``(n, d)`` (converted when it is not C-contiguous float32).
+        ids: ``int64 (n,)`` distinct ids (node ids, insertion indices). scores: ``(n,)``. k: >= 0.
+
+    Returns:
+        ``int64 (min(k, n),)`` positions.
+    """
+    ids = np.asarray(ids)
+    neg = -np.asarray(scores, dtype=np.float64)
+    k = min(int(k), len(neg))
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    pos = np.arange(len(neg), dtype=np.int64)
+    if len(neg) > k:
+        pos = np.flatnonzero(neg <= np.partition(neg, k - 1)[k - 1])
+    return pos[np.lexsort((ids[pos], neg[pos]))][:k]
+
+
+_U = 2.0**-53  # unit roundoff of float64
+_TINY = float(np.finfo(np.float64).tiny)
+_CHUNK_VALUES = 1 << 20  # float64 values per block (8 MB): rows per block = this // (d + queries)
+_scratch = threading.local()  # per-thread float64 block, reused across calls
+
+
+def _products64(B: np.ndarray, QT: np.ndarray) -> np.ndarray:
+    """``B @ QT`` in float64 by whatever kernel BLAS picks: any order of summation will do (the result
+    only has to lie within the error bound of :func:`inner_products`; tests replace it with other
+    orders to check that the scores do not change)."""
+    if QT.shape[1] == 1:
+        # one query: numpy's own single-threaded loop; OpenBLAS's threaded gemv (and a gemm with
+        # n = 1) took 5-10x longer on a 2-core machine (24 against 3.4 ms at 25.6k x 384)
+        return np.einsum("ij,j->i", B, QT[:, 0])[:, None]
+    return B @ QT  # several queries: a gemm, faster than one pass per query from 8 queries on
+
+
+def _block(rows: int, d: int) -> np.ndarray:
+    """A float64 scratch block of at least ``rows x d`` values for this thread (reused)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < rows * d:
+        buf = _scratch.buf = np.empty(max(rows * d, 1), dtype=np.float64)
+    return buf[: rows * d].reshape(rows, d)
+
+
+def exact_dot(x: np.ndarray, y: np.ndarray) -> np.float32:
+    """The float32 nearest to the exact dot product of two float32 vectors (ties to even).
+
+    The products of float32 numbers are exact in float64; :func:`math.fsum` returns their exact sum
+    rounded to float64, and a sum that lands exactly halfway between two float32 numbers is resolved
+    by the sign of the exact remainder (no double rounding). Slow (a Python sum): for the few values
+    :func:`inner_products` cannot settle from its float64 product.
+    """
+    p = (np.asarray(x, dtype=np.float32).astype(np.float64) * np.asarray(y, dtype=np.float32)).tolist()
+    f = math.fsum(p)
+    r = np.float32(f)
+    if math.isfinite(f) and float(r) != f:
+        other = np.nextafter(r, np.float32(np.inf) if f > float(r) else np.float32(-np.inf))
+        if (float(r) + float(other)) / 2 == f:  # halfway: the float64 rounding may have moved s onto it
+            rest = math.fsum([*p, -f])
+            if rest > 0:
+                r = max(r, other)
+            elif rest < 0:
+                r = min(r, other)
+    return np.float32(r)
+
+
+def inner_products(X: np.ndarray, queries: np.ndarray, *, row_norm: float | None = None) -> np.ndarray:
+    """Inner products of every row of ``X`` with each query: the exact value rounded to float32.
+
+    Every value is the float32 nearest to the exact dot product of the two float32 vectors (ties to
+    even): a function of the pair alone, whatever the CPU, SIMD width, BLAS kernel, batch, row
+    position or memory alignment. So ``ip(x, y)`` is bitwise ``ip(y, x)``, scoring a part of the rows
+    gives the values scoring all of them gives, and a ranking cut on these values (ties broken by a
+    stable key) is the same on every machine. This is the one dense score every ranking of the
+    memories and the flat baselines reads (:meth:`NodeIndex.scores_all`, :meth:`NodeIndex.search`).
+
+    How: products of float32 numbers are exact in float64, so a float64 matrix product (any order,
+    any kernel) is within ``gamma_d * sum_j |x_j q_j| <= gamma_d * |x| |q|`` of the exact sum
+    (``gamma_d = d u / (1 - d u)``, ``u = 2^-53``; Higham, "Accuracy and Stability of Numerical
+    Algorithms", Sec. 4.2). When both ends of that interval round to the same float32, so does the
+    exact value (rounding is monotone); the rare value whose interval holds a float32 rounding
+    boundary (about 2 in 10,000 for unit vectors of 384 dimensions) is computed exactly
+    (:func:`exact_dot`, 20 us each). About 3x the cost of FAISS's float32 SIMD kernel, single-threaded
+    (4 against 1.4 ms for 25.6k rows of 384, 16 against 6 ms for 100k), whose sums depend on the SIMD
+    width, the row's alignment and, for some widths, its position in the batch.
+
+    Args:
+        X: float32 ``(n, d)`` (other dtypes are converted to float32 first).
         queries: float32 ``(m, d)`` or ``(d,)``.
+        row_norm: an upper bound of the rows' L2 norms, when the caller knows one (e.g.
+            :func:`unit_row_norm` for normalised rows); default ``None`` = computed.
 
     Returns:
         float32 ``(m, n)``, or ``(n,)`` for a single ``(d,)`` query.
@@ -55,21 +161,36 @@ def inner_products(X: np.ndarray, queries: np.ndarray) -> np.ndarray:
     Raises:
         InvalidInputError: the queries' dimension differs from the rows'.
     """
-    X = np.ascontiguousarray(X, dtype=np.float32)
+    X = np.asarray(X, dtype=np.float32)
     Q = np.ascontiguousarray(queries, dtype=np.float32)
     single = Q.ndim == 1
     Q = Q.reshape(1, -1) if single else Q
     n, d = X.shape if X.ndim == 2 else (0, Q.shape[1])
     if Q.shape[1] != d and n:
         raise InvalidInputError(f"queries have dimension {Q.shape[1]}, rows {d}.")
-    if d in _BATCHED_D and n:  # FAISS batches rows for these widths, rounding by position: add a zero column
-        X, Q = np.pad(X, ((0, 0), (0, 1))), np.pad(Q, ((0, 0), (0, 1)))
-        d += 1
     out = np.empty((len(Q), n), dtype=np.float32)
-    if n:
-        xp = faiss.swig_ptr(X)
-        for i in range(len(Q)):
-            faiss.fvec_inner_products_ny(faiss.swig_ptr(out[i]), faiss.swig_ptr(Q[i]), xp, d, n)
+    if n and len(Q):
+        Q64 = Q.astype(np.float64)
+        QT = np.ascontiguousarray(Q64.T)
+        qn = np.sqrt(np.einsum("ij,ij->i", Q64, Q64))
+        if row_norm is None:
+            row_norm = float(np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64).max()))
+        gamma = d * _U / (1.0 - d * _U)  # d - 1 roundings of the additions: gamma_{d-1} < gamma_d
+        # plus the rounding of S -/+ err themselves (2u |S|, |S| <= |x| |q|), with room for the
+        # rounding of the norms
+        err = (gamma + 4 * _U) * float(row_norm) * qn * (1.0 + 1e-3) + 4.0 * _TINY
+        step = max(1, _CHUNK_VALUES // max(d + len(Q), 1))  # a block and its products fit the budget
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            B = _block(e - s, d)
+            np.copyto(B, X[s:e])
+            S = _products64(B, QT)  # (rows, m), float64, within err of the exact values
+            lo = (S - err).astype(np.float32)
+            hi = (S + err).astype(np.float32)
+            out[:, s:e] = lo.T  # = the rounding of S and of the exact value, where lo == hi
+            unsure = np.argwhere((lo != hi) & np.isfinite(S))
+            for i, j in unsure.tolist():
+                out[j, s + i] = exact_dot(X[s + i], Q[j])
     return out[0] if single else out
 
 
@@ -295,7 +416,7 @@ class NodeIndex:
         return out
 
     def scores_all(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Cosine of one query with every stored vector.
+        """Cosine of one query with every stored vector (:func:`inner_products`).
 
         Args:
             query: ``float32`` ``(dim,)`` (normalised here).
@@ -303,18 +424,34 @@ class NodeIndex:
         Returns:
             ``(ids int64 (n,), scores float32 (n,))`` in row order.
         """
+        return self.ids.copy(), self.scores_at(np.arange(len(self)), query)
+
+    def scores_at(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """Cosine of one query with the vectors at the given rows: bitwise the values of
+        :meth:`scores_all` at those rows (the same query normalisation, the same exact-then-rounded
+        product), so a ranking over a part of the nodes agrees with the ranking over all of them.
+
+        Args:
+            rows: row positions ``int64 (r,)`` (see :meth:`rows`). query: ``float32 (dim,)``.
+
+        Returns:
+            ``float32 (r,)``.
+        """
         q = self._check(query, 1)[0]
-        n = len(self)
-        scores = np.empty(n, dtype=np.float32)
-        if n:  # FAISS's SIMD kernel over its own storage: 2-3x faster than a BLAS sgemv here
-            xb = faiss.downcast_index(self._index.index).get_xb()
-            faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(q), xb, self.dim, n)
-        return self.ids.copy(), scores
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        mat = self._matrix()
+        X = mat if len(rows) == len(mat) and bool(np.all(rows == np.arange(len(mat)))) else mat[rows]
+        return inner_products(X, q, row_norm=unit_row_norm(self.dim))
 
     def search(
         self, query: np.ndarray, k: int, subset: Iterable[int] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ids by cosine, optionally restricted to ``subset`` ids (``IDSelectorBatch``).
+        """Top-``k`` ids by cosine, optionally restricted to ``subset`` ids.
+
+        Exact: every (subset) row is scored by :meth:`scores_at`; the best ``k`` are taken by score,
+        ties by node id ascending (the same list on every CPU).
 
         Returns:
             ``(ids int64 (<=k,), scores float32 (<=k,))``, best first.
@@ -322,18 +459,16 @@ class NodeIndex:
         n = len(self)
         if n == 0 or k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        q = self._check(query, 1)
-        params = None
-        if subset is not None:
-            sub = np.fromiter((int(i) for i in subset), dtype=np.int64)
-            if sub.size == 0:
-                return np.zeros(0, np.int64), np.zeros(0, np.float32)
-            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(sub))
-            k = min(k, sub.size)
-        k = min(k, n)
-        dist, idx = self._index.search(q, k, params=params)
-        keep = idx[0] >= 0
-        return idx[0][keep].astype(np.int64), dist[0][keep].astype(np.float32)
+        q = self._check(query, 1)[0]
+        if subset is None:
+            rows = np.arange(n, dtype=np.int64)
+        else:
+            rows = self.rows(np.fromiter((int(i) for i in subset), dtype=np.int64))
+            rows = np.unique(rows[rows >= 0])
+        ids = self.ids[rows]
+        scores = self.scores_at(rows, q)
+        top = top_k(ids, scores, k)
+        return ids[top], scores[top]
 
     # ------------------------------------------------------------------ persistence
     def write(self, path: Path) -> None:
@@ -364,6 +499,8 @@ class NodeIndex:
             raise PersistenceError("Vector index ids do not match the saved tree; the save is corrupt.")
         if not np.isfinite(mat).all():
             raise PersistenceError("Vector index holds non-finite values; the save is corrupt.")
+        if len(mat) and float(np.einsum("ij,ij->i", mat, mat, dtype=np.float64).max()) > 1.0 + 2e-3:
+            raise PersistenceError("Vector index holds vectors that are not normalised; the save is corrupt.")
         out = cls(dim)
         out.upsert(ids.tolist(), mat, normalized=True)
         return out

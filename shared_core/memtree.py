@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import ADMISSIBLE, HierarchicalMemory, TokenBudget, check_choice
+from .index import inner_products
 from .memtree_routes import RouteCache
 from .models.base import LLM, Embedder, Summarizer
 from .models.llm_summarizer import LLMSummarizer, render_children
@@ -560,7 +561,7 @@ class MemTree(RouteCache, HierarchicalMemory):
                 children = st.nodes[target].children
                 if not children:
                     break
-                s = self._child_vectors(target, children) @ e_new
+                s = inner_products(self._child_vectors(target, children), e_new)
                 best = int(np.argmax(s))
                 theta = self.threshold_at(d, h)
                 sims.append(float(s[best]))
@@ -809,7 +810,10 @@ class MemTree(RouteCache, HierarchicalMemory):
             kk = min(n, kk * 4)
 
     def _traverse(self, qvec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` children per level from the root down; the visited nodes and their cosines."""
+        """Top-``k`` children per level from the root down; the visited nodes and their cosines.
+
+        Exact ties between children go to the earlier child (their order under the parent).
+        """
         st = self._store
         assert self._index is not None and st.root is not None
         frontier = [st.root]
@@ -819,7 +823,7 @@ class MemTree(RouteCache, HierarchicalMemory):
             children = [c for f in frontier for c in st.nodes[f].children]
             if not children:
                 break
-            s = self._index.get(children) @ qvec
+            s = self._index.scores_at(self._index.rows(children), qvec)  # the exhaustive scan's values
             keep = np.lexsort((np.arange(len(children)), -s))[:k]
             picked = [children[j] for j in keep]
             out_ids.extend(picked)

@@ -4,6 +4,12 @@
 (``dense`` / ``bm25`` / ``hybrid``), relevance propagated over the memory's tree, the admissible,
 filtered and budgeted candidate lists of a retrieval, and the hits made from them. Each memory adds its
 own structure and policies on top.
+
+Rankings do not depend on the CPU: every dense score is :func:`~shared_core.index.inner_products` (the
+exact cosine rounded to float32, the same bits whichever rows are scored and whatever the SIMD width or
+BLAS kernel), and every cut of a ranking (:func:`best_first`, :func:`~shared_core.index.top_k`) breaks
+exact ties by node id, ascending. Only which nodes the approximate first stage
+(:meth:`Ranking._relevance_candidates`) proposes can differ between machines, at its margin.
 """
 
 from __future__ import annotations
@@ -319,23 +325,22 @@ class Ranking:
     def _relevance_on(self, c: Candidates, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Relevance of the nodes ``ids`` (the candidates among them) for the query of ``c``.
 
-        Cosines by the kernel of :meth:`~shared_core.index.NodeIndex.scores_all` (the same values as
-        the exhaustive scan). ``hybrid`` divides the dense part by its maximum over ``ids`` (the nearest
+        Cosines by :meth:`~shared_core.index.NodeIndex.scores_at` (bitwise the values of the exhaustive
+        scan, :meth:`~shared_core.index.NodeIndex.scores_all`, on every CPU). ``hybrid`` divides the
+        dense part by its maximum over ``ids`` (the nearest
         node is among them as far as the index finds it) and BM25 by its exact maximum over every
         node: the values :meth:`relevance` gives these nodes when the index finds the nearest.
 
         Returns:
             ``(ids int64 (the indexed ones) in index row order, r float32)``.
         """
-        from .index import inner_products
-
         assert self._index is not None
         ids = np.asarray(ids, dtype=np.int64)
         rows = self._index.rows(ids.tolist())
         order = np.argsort(rows, kind="stable")
         order = order[rows[order] >= 0]
         ids, rows = ids[order], rows[order]
-        cos = inner_products(self._index.matrix()[rows], c.qvec) if len(rows) else np.zeros(0, np.float32)
+        cos = self._index.scores_at(rows, c.qvec)
         dense = np.maximum(cos, 0.0).astype(np.float32)
         if c.kind == "dense":
             return ids, dense

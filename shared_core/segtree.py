@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import ADMISSIBLE, HierarchicalMemory, check_choice
+from .index import inner_products
 from .models.base import LLM, Embedder, Summarizer
 from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
@@ -425,7 +426,7 @@ class SegTreeMem(HierarchicalMemory):
         ``None`` (NONE). ``cands[i]`` is level ``i + 2``."""
         pool = cands[first - 2 :]
         distinct = list(dict.fromkeys(pool))  # bottom-up; a repeated id is one node and its copies
-        sims = self._vectors(distinct) @ self._vector(leaf_id)
+        sims = inner_products(self._vectors(distinct), self._vector(leaf_id))
         best = int(np.argmax(sims))  # the first of equal maxima: the lowest level
         return pool.index(distinct[best]) + first if float(sims[best]) >= self.threshold else None
 

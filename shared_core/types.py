@@ -16,6 +16,12 @@ __all__ = [
     "Hit",
     "InvalidInputError",
     "LLMRequiredError",
+    "MAX_ID_CHARS",
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
+    "MAX_ROLE_CHARS",
+    "MAX_SPEAKER_CHARS",
+    "MAX_TIMESTAMP_CHARS",
     "Message",
     "MessageLike",
     "ModelError",
@@ -24,6 +30,7 @@ __all__ = [
     "UnknownPolicyError",
     "Usage",
     "VersionMismatchError",
+    "check_message_fields",
 ]
 
 
@@ -68,6 +75,32 @@ class VersionMismatchError(PersistenceError):
 
 
 # --------------------------------------------------------------------------- messages
+#: Limits of the stored fields of a :class:`Message` other than its text (whose limit is the memory's
+#: ``max_message_chars``, 100,000 characters by default). A memory's ``add`` checks every message of
+#: the call against them before it changes anything (:func:`check_message_fields`), so a rejected call
+#: leaves the memory as it was. ``speaker`` is stored in the leaf's text (``"<speaker>: <text>"``), the
+#: others beside it and in every save.
+#: longest ``speaker`` in characters
+MAX_SPEAKER_CHARS = 1_000
+#: longest ``role`` in characters
+MAX_ROLE_CHARS = 256
+#: longest ``timestamp`` in characters
+MAX_TIMESTAMP_CHARS = 256
+#: longest ``id`` (the caller's source id) in characters
+MAX_ID_CHARS = 1_000
+#: largest ``metadata`` as JSON (``json.dumps(metadata, ensure_ascii=False)``), in UTF-8 bytes
+MAX_METADATA_BYTES = 100_000
+#: deepest nesting of ``metadata``: the dict itself is level 1, a list or dict inside it level 2, ...
+MAX_METADATA_DEPTH = 32
+
+_FIELD_LIMITS = (
+    ("speaker", MAX_SPEAKER_CHARS, "MAX_SPEAKER_CHARS"),
+    ("role", MAX_ROLE_CHARS, "MAX_ROLE_CHARS"),
+    ("timestamp", MAX_TIMESTAMP_CHARS, "MAX_TIMESTAMP_CHARS"),
+    ("id", MAX_ID_CHARS, "MAX_ID_CHARS"),
+)
+
+
 @dataclass(frozen=True)
 class Message:
     """One unit of conversation to remember.
@@ -160,6 +193,82 @@ def as_messages(items: MessageLike | Iterable[MessageLike] | None) -> list[Messa
                 f"Item {i} is a {type(it).__name__}; every item must be a str or a Message."
             )
     return out
+
+
+def _metadata_shape(metadata: dict[str, Any], i: int) -> None:
+    """Reject metadata nested deeper than ``MAX_METADATA_DEPTH`` (a cycle is infinitely deep) or whose
+    keys and strings alone exceed ``MAX_METADATA_BYTES`` characters, walking at most about that many
+    values (a value shared many times is walked each time, as JSON would write it)."""
+    stack: list[tuple[Any, int]] = [(metadata, 1)]
+    budget = MAX_METADATA_BYTES  # every value, key and character takes at least one byte of JSON
+    while stack:
+        value, depth = stack.pop()
+        budget -= 1
+        if isinstance(value, str):
+            budget -= len(value)
+        elif isinstance(value, (dict, list, tuple)):
+            if depth > MAX_METADATA_DEPTH:
+                raise InvalidInputError(
+                    f"Item {i}: the message metadata is nested deeper than {MAX_METADATA_DEPTH} levels "
+                    "(MAX_METADATA_DEPTH); flatten it."
+                )
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    budget -= 1 + (len(k) if isinstance(k, str) else 0)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in value)
+        if budget < 0:
+            raise InvalidInputError(
+                f"Item {i}: the message metadata is larger than {MAX_METADATA_BYTES:,} bytes as JSON "
+                "(MAX_METADATA_BYTES); keep large data outside the memory and store a reference to it."
+            )
+
+
+def check_message_fields(m: Message, i: int = 0) -> str:
+    """Check the fields of a message other than its text against their limits.
+
+    Args:
+        m: the message. i: its position in the call (for the error message).
+
+    Returns:
+        The message as JSON (``json.dumps(m.to_dict(), ensure_ascii=False)``), for further checks.
+
+    Raises:
+        InvalidInputError: naming the field and its limit: ``speaker``, ``role``, ``timestamp`` or
+            ``id`` longer than ``MAX_SPEAKER_CHARS`` / ``MAX_ROLE_CHARS`` / ``MAX_TIMESTAMP_CHARS`` /
+            ``MAX_ID_CHARS`` characters; ``metadata`` nested deeper than ``MAX_METADATA_DEPTH``, larger
+            than ``MAX_METADATA_BYTES`` as JSON, or not JSON-serialisable.
+    """
+    import json
+
+    for name, limit, const in _FIELD_LIMITS:
+        value = getattr(m, name)
+        if value is None:
+            continue
+        n = len(value) if isinstance(value, str) else len(str(value))
+        if n > limit:
+            raise InvalidInputError(
+                f"Item {i}: the message {name} has {n:,} characters; the limit is {limit:,} ({const})."
+            )
+    _metadata_shape(m.metadata, i)
+    try:
+        meta = json.dumps(m.metadata, ensure_ascii=False)
+        payload = json.dumps(m.to_dict(), ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(
+            f"Item {i}: the message metadata is not JSON-serialisable ({e}); use str / int / float / bool / "
+            "None / lists / dicts."
+        ) from None
+    except RecursionError:  # pragma: no cover - the depth limit comes first
+        raise InvalidInputError(f"Item {i}: the message metadata is nested too deeply.") from None
+    size = len(meta.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_METADATA_BYTES:
+        raise InvalidInputError(
+            f"Item {i}: the message metadata is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,} "
+            "(MAX_METADATA_BYTES). Keep large data outside the memory and store a reference to it."
+        )
+    return payload
 
 
 # --------------------------------------------------------------------------- results

@@ -1,8 +1,11 @@
 """Hostile input and forgetting.
 
 - Oversized messages are rejected with the limit in the message (``max_message_chars``, 100,000
-  characters by default; documented on ``HierarchicalMemory``); control characters are data; lone
-  surrogates are rejected on input, and model output that carries one still saves and loads exactly.
+  characters by default; documented on ``HierarchicalMemory``), and so is every other stored field over
+  its limit (speaker, role, timestamp, id; metadata by JSON size and nesting depth), the memory
+  unchanged (stats, retrieval, tree) even when only the last message of a call is bad; control
+  characters are data; lone surrogates are rejected on input, and model output that carries one still
+  saves and loads exactly.
 - Prompt injection stored in a memory is data: it never changes which prompt template is sent (checked
   on the requests the OpenAI-protocol test server recorded) and never breaks strict output parsing.
 - Tampered saves are a clear :class:`PersistenceError`; loading never unpickles or runs anything.
@@ -31,7 +34,17 @@ from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import hat as HP
 from shared_core.prompts import memtree as MP
 from shared_core.prompts import segtree as SP
-from shared_core.types import InvalidInputError, NodeNotFoundError, PersistenceError
+from shared_core.types import (
+    MAX_ID_CHARS,
+    MAX_METADATA_BYTES,
+    MAX_METADATA_DEPTH,
+    MAX_ROLE_CHARS,
+    MAX_SPEAKER_CHARS,
+    MAX_TIMESTAMP_CHARS,
+    InvalidInputError,
+    NodeNotFoundError,
+    PersistenceError,
+)
 from tests.test_durable import (
     KINDS,
     LLM_FREE_POLICIES,
@@ -61,6 +74,110 @@ def test_oversized_message_is_rejected_with_the_limit(tmp_path):
     mem.add("y" * 150_000)
     assert len(mem) == 3
     check_tree(mem)
+
+
+def _nested(depth: int) -> dict:
+    d: dict = {"leaf": 1}
+    for _ in range(depth - 1):
+        d = {"n": d}
+    return d
+
+
+def _observed(mem: HierarchicalMemory) -> tuple:
+    """What a caller can see of a memory: its stats (less the model usage, which retrievals add to)
+    and what it retrieves."""
+    stats = {k: v for k, v in mem.stats().items() if k not in ("usage", "query_usage")}
+    hits = [
+        (h.node_id, h.text, h.score, tuple(h.source_ids))
+        for q in ("dogs travel", "what did Ana say about the garden")
+        for h in mem.retrieve(q, k=5)
+    ]
+    return stats, hits, mem.to_dict()["tree"]
+
+
+BIG_FIELDS = [
+    (
+        "speaker",
+        dict(speaker="S" * 3_000_000),
+        r"speaker has 3,000,000 characters; the limit is 1,000 \(MAX_SPEAKER_CHARS\)",
+    ),
+    ("speaker", dict(speaker="S" * (MAX_SPEAKER_CHARS + 1)), "MAX_SPEAKER_CHARS"),
+    (
+        "role",
+        dict(role="r" * (MAX_ROLE_CHARS + 1)),
+        r"role has 257 characters; the limit is 256 \(MAX_ROLE_CHARS\)",
+    ),
+    (
+        "timestamp",
+        dict(timestamp="t" * (MAX_TIMESTAMP_CHARS + 1)),
+        "timestamp has 257 characters.*MAX_TIMESTAMP_CHARS",
+    ),
+    (
+        "id",
+        dict(id="i" * (MAX_ID_CHARS + 1)),
+        r"id has 1,001 characters; the limit is 1,000 \(MAX_ID_CHARS\)",
+    ),
+    ("metadata", dict(metadata={"blob": "x" * MAX_METADATA_BYTES}), "metadata is larger than 100,000 bytes"),
+    (
+        "metadata",
+        dict(metadata={"a": "é" * 60_000}),
+        "metadata is 120,009 bytes as JSON; the limit is 100,000",
+    ),
+    ("metadata", dict(metadata={"many": [1] * 60_000}), "MAX_METADATA_BYTES"),
+    (
+        "metadata",
+        dict(metadata=_nested(MAX_METADATA_DEPTH + 1)),
+        r"nested deeper than 32 levels \(MAX_METADATA_DEPTH\)",
+    ),
+    ("metadata", dict(metadata=_nested(100_000)), "MAX_METADATA_DEPTH"),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_stored_field_is_limited_and_a_rejected_add_changes_nothing(kind):
+    mem = make_memory(kind)
+    mem.add([Message(message_text(i), speaker="Ana", id=f"m{i}") for i in range(6)])
+    before = _observed(mem)
+    for name, fields, match in BIG_FIELDS:
+        bad = Message("a message about the garden", **fields)
+        with pytest.raises(InvalidInputError, match=match) as e:
+            mem.add(bad)
+        assert name in str(e.value) and "Item 0" in str(e.value)
+        # several messages, only the last bad: none is added
+        batch = [Message(message_text(10 + j), speaker="Bo") for j in range(3)] + [bad]
+        with pytest.raises(InvalidInputError, match=f"Item 3: the message {name}"):
+            mem.add(batch)
+        assert _observed(mem) == before, name
+    # at the limits: accepted and stored whole
+    meta: dict = {"n": _nested(MAX_METADATA_DEPTH - 1), "s": ""}
+    meta["s"] = "x" * (MAX_METADATA_BYTES - len(json.dumps(meta)))  # exactly the limit as JSON
+    edge = Message(
+        "a message at every field limit",
+        speaker="S" * MAX_SPEAKER_CHARS,
+        role="r" * MAX_ROLE_CHARS,
+        timestamp="t" * MAX_TIMESTAMP_CHARS,
+        id="i" * MAX_ID_CHARS,
+        metadata=meta,
+    )
+    mem.add(edge)
+    leaf = mem._store.nodes[mem._store.by_source["i" * MAX_ID_CHARS][0]]
+    assert leaf.message == edge
+    assert len(mem) == 7
+    check_tree(mem)
+
+
+def test_a_cyclic_or_widely_shared_metadata_is_rejected_quickly():
+    mem = make_memory("segtree")
+    cyc: dict = {}
+    cyc["self"] = cyc
+    with pytest.raises(InvalidInputError, match="MAX_METADATA_DEPTH"):
+        mem.add(Message("text", metadata=cyc))
+    shared: list = []
+    for _ in range(20):  # 2**20 leaves as JSON, 20 distinct lists in memory
+        shared = [shared, shared]
+    with pytest.raises(InvalidInputError, match="MAX_METADATA_BYTES"):
+        mem.add(Message("text", metadata={"s": shared}))
+    assert len(mem) == 0
 
 
 CONTROL = "bell\x07 nul\x00 esc\x1b[31mred\x1b[0m del\x7f c1\x85 bom\ufeff rtl\u202e zwj\u200d end"

@@ -16,6 +16,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from ..index import inner_products, top_k, unit_row_norm
 from ..lexical import LexicalIndex
 from ..models.base import Embedder, validate_embeddings
 from ..relevance import DEFAULT_HYBRID_WEIGHT, check_weight, fuse
@@ -159,7 +160,10 @@ class _Flat:
 
 
 class FlatDense(_Flat):
-    """Dense cosine retrieval over single messages (FAISS ``IndexFlatIP`` over L2-normalised vectors).
+    """Dense cosine retrieval over single messages (L2-normalised vectors held in a FAISS ``IndexFlatIP``).
+
+    Scores are the memories' dense score (:func:`~shared_core.index.inner_products`: the exact cosine
+    rounded to float32, the same on every CPU); exact ties go to the earlier message.
 
     Args:
         embedder: any :class:`~shared_core.models.base.Embedder`; default the embedded
@@ -211,7 +215,7 @@ class FlatDense(_Flat):
         return _normalized(q)
 
     def ranking(self, query: str) -> tuple[np.ndarray, np.ndarray]:
-        """All messages ranked by cosine similarity to ``query``.
+        """All messages ranked by cosine similarity to ``query`` (exact ties by insertion order).
 
         Returns:
             ``(indices, scores)``: ``int64`` insertion indices best first and their ``float32`` cosines,
@@ -221,9 +225,18 @@ class FlatDense(_Flat):
             n = len(self._messages)
             if n == 0 or self._index is None:
                 return np.zeros(0, np.int64), np.zeros(0, np.float32)
-            q = self._embed_query(query)
-            scores, idx = self._index.search(q, n)
-        return idx[0].astype(np.int64), scores[0].astype(np.float32)
+            scores = self._scores(self._embed_query(query))
+        order = np.lexsort((np.arange(n), -scores))  # ties by insertion order
+        return order.astype(np.int64), scores[order]
+
+    def _scores(self, q: np.ndarray) -> np.ndarray:
+        """Cosine of the normalised query ``q`` (1, d) with every stored message, insertion order:
+        :func:`~shared_core.index.inner_products`, the memories' dense score (exact, then rounded to
+        float32: the same bits on every CPU)."""
+        assert self._index is not None
+        n, d = self._index.ntotal, self._index.d
+        mat = faiss.rev_swig_ptr(self._index.get_xb(), n * d).reshape(n, d)
+        return inner_products(mat, q[0], row_norm=unit_row_norm(d))
 
     def retrieve(self, query: str, k: int = 10, *, max_tokens: int | None = None) -> list[Hit]:
         """The ``k`` messages most similar to ``query`` (cosine), best first.
@@ -247,11 +260,11 @@ class FlatDense(_Flat):
             if budget is not None:
                 idx, sc = self.ranking(query)
                 return self._select(idx, sc, k, budget)
-            q = self._embed_query(query)
-            # the best k + (repeated texts) messages hold k distinct texts whenever k exist
-            scores, idx = self._index.search(q, min(k + self._n_repeats, n))
-            keep = idx[0] >= 0
-            return self._select(idx[0][keep], scores[0][keep], k, None)
+            scores = self._scores(self._embed_query(query))
+            # the best k + (repeated texts) messages hold k distinct texts whenever k exist; exact
+            # ties by insertion order
+            top = top_k(np.arange(n), scores, min(k + self._n_repeats, n))
+            return self._select(top, scores[top], k, None)
 
 
 class FlatBM25(_Flat):

@@ -449,7 +449,7 @@ class _XMemoryRetrieval(_XMemoryConstruction):
 
         Returns:
             ``(scores float64 (n,), best int64 (n,))`` aligned with rel.ids: ``best[j]`` is the position
-            of message j's most relevant semantic (the first in index order among equals), ``-1`` when
+            of message j's most relevant semantic (the lowest node id among equals), ``-1`` when
             it has none.
         """
         r = rel.r
@@ -464,7 +464,7 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         best = np.full(len(score), -1, dtype=np.int64)
         js, jm, starts = self._fact_pairs(rel)
         if len(js):
-            # per message (a run of equal jm): the highest relevance, then the first semantic row
+            # per message (a run of equal jm): the highest relevance, then the lowest semantic id
             v = r[js]
             top = np.maximum.reduceat(v, starts)
             hit = np.flatnonzero(v == np.repeat(top, np.diff(np.append(starts, len(v)))))
@@ -528,7 +528,8 @@ class _XMemoryRetrieval(_XMemoryConstruction):
     def _fact_pairs(self, rel: _Relevance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(semantic rows, message rows, starts)``: the rows in ``rel.ids`` of the pairs of
         :meth:`_fact_links` whose semantic and message are both in ``rel``, sorted by message row then
-        semantic row; ``starts`` are the positions where each message's run begins. Cached with ``rel``.
+        semantic node id (the tie-break of a message's most relevant semantic); ``starts`` are the
+        positions where each message's run begins. Cached with ``rel``.
         """
         if rel.pairs is not None:
             return rel.pairs
@@ -536,7 +537,7 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         js, jm = rel.rows(psem), rel.rows(pmsg)
         ok = (js >= 0) & (jm >= 0)
         js, jm = js[ok], jm[ok]
-        order = np.lexsort((js, jm))
+        order = np.lexsort((rel.ids[js], jm))
         js, jm = js[order], jm[order]
         starts = np.flatnonzero(np.append(True, jm[1:] != jm[:-1])) if len(jm) else np.zeros(0, np.int64)
         rel.pairs = (js, jm, starts)
