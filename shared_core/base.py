@@ -24,13 +24,14 @@ from .ann import NeighbourSearch
 from .filters import message_filter
 from .index import NodeIndex
 from .models.base import LLM, Embedder, Summarizer
+from .models.extractive import holds_words, split_sentences
 from .persist import load_memory, save_memory
 from .ranking import ADMISSIBLE, RELEVANCE_KINDS, Ranking, TokenBudget, check_choice, count_tokens
 from .relevance import check_weight
 from .stores import Store, attach_store, connect, open_memory
 from .stores.encoding import MEMORY_FORMAT
 from .structure import NodeArrays
-from .tree import NodeStore
+from .tree import Node, NodeStore
 from .types import (
     AddReport,
     Hit,
@@ -72,7 +73,9 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             :class:`~shared_core.models.local.LocalEmbedder` (all-MiniLM-L6-v2, 384-d, offline).
         llm: an :class:`~shared_core.models.base.LLM`, or ``None`` (default) for the LLM-free mode.
         summarizer: the aggregate function for internal nodes; default an LLM summariser with the
-            algorithm's prompt when ``llm`` is given, else :class:`ExtractiveSummarizer`.
+            algorithm's prompt when ``llm`` is given, else :class:`ExtractiveSummarizer`. A summariser
+            that keeps texts (as the extractive one's sentence cache does) may offer ``forget(texts)``
+            and ``clear()``: :meth:`delete` and :meth:`clear` call them when present (see there).
         summary_chars: length budget of extractive summaries in characters, default 600.
         store: a durable store for subclasses that forward it: the path of an SQLite file or a
             ``postgresql://`` URL (namespace ``("default",)``; see :mod:`shared_core.stores`); every memory
@@ -132,6 +135,10 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
     #: ``sentence_vectors`` of the default extractive summariser (see
     #: :class:`~shared_core.models.extractive.ExtractiveSummarizer`)
     default_sentence_vectors: ClassVar[str] = "embedded"
+    #: a deletion makes the caches forget the sentences of every internal text it removes or rewrites,
+    #: not only those of its messages (for internal texts not made of their messages' sentences, such
+    #: as LLM-written records; see :meth:`_forgotten_texts`)
+    forget_rewritten: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -315,7 +322,12 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         """Forget a leaf (by node id or by the caller's source id) or a whole subtree (internal node id).
 
         The structure is repaired (emptied internal nodes removed, ancestors' spans and annotations
-        recomputed from their remaining children) and the vectors removed, in one atomic step.
+        recomputed from their remaining children) and the vectors removed, in one atomic step. Once it
+        is committed, the caches of the process forget the deleted messages: the summariser's
+        ``forget(texts)`` (when it has one, as :class:`ExtractiveSummarizer
+        <shared_core.models.extractive.ExtractiveSummarizer>` has) gets every sentence of them that no
+        live node's text still holds, and the lexical index drops the removed and rewritten texts at
+        once (see :meth:`_forget_texts`).
 
         Args:
             key: a node id (int) or a source id (``Message.id``, str; every leaf with that id).
@@ -348,6 +360,57 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
                 self._rollback()
                 raise
             return len(leaves)
+
+    def _forgotten_texts(self, changed: set[int], removed: set[int]) -> list[str]:
+        """When the open transaction deletes messages (removes a leaf): the texts whose sentences the
+        caches must forget; else (an add) ``[]``. Read from the node store's undo journal, before the
+        commit closes it.
+
+        These are each deleted message's text and its leaf's text; with :attr:`forget_rewritten`
+        also the previous text of every internal node the deletion removed or rewrote. Without it an
+        internal text is taken to be made of its messages' sentences (extractive summaries), so a
+        sentence cached from it that holds forgotten words holds a whole sentence of a deleted message
+        (or is its shortened form), which the summariser's ``forget`` finds by itself.
+        """
+        st = self._store
+        saved = st._saved  # the nodes as the transaction found them (absent: created in it)
+        leaves = [n for i in sorted(removed) if isinstance(n := saved.get(i), Node) and n.is_leaf]
+        out = [t for n in leaves for t in (n.text, n.message.text if n.message else "") if t]
+        if out and self.forget_rewritten:
+            for nid in sorted(changed | removed):
+                old = saved.get(nid)
+                rewritten = nid in removed or (isinstance(old, Node) and st.nodes[nid].text != old.text)
+                if isinstance(old, Node) and not old.is_leaf and old.text and rewritten:
+                    out.append(old.text)
+        return out
+
+    def _forget_texts(self, texts: Sequence[str], changed: set[int], gone: set[int]) -> None:
+        """After a committed deletion: caches of the process drop what the forgotten ``texts`` (see
+        :meth:`_forgotten_texts`) left in them; ``changed`` are the nodes the deletion gave a new
+        text, ``gone`` those it removed or left without text.
+
+        The summariser's ``forget`` (when it has one) gets every sentence of ``texts`` that no live
+        node's text holds (as a run of whole words), see :meth:`ExtractiveSummarizer.forget
+        <shared_core.models.extractive.ExtractiveSummarizer.forget>`: a sentence still used keeps its
+        vector, so nothing is embedded again. The lexical index, when built, drops these nodes' texts
+        now; those rewritten are indexed again at the next query (as every change is). Subclasses
+        extend it for their own caches.
+        """
+        st = self._store
+        forget = getattr(self.summarizer, "forget", None)
+        if callable(forget):
+            sentences = {x for t in texts if t for x in split_sentences(t)}
+            # a rewritten text mostly keeps its sentences: test the deletion's new texts first
+            fresh = "\n".join(st.nodes[i].text for i in changed if i in st.nodes)
+            sentences = {x for x in sentences if not holds_words(fresh, x)}
+            if sentences:
+                live = "\n".join(n.text for n in st.nodes.values() if n.text)  # one scan of the texts
+                dead = sorted(x for x in sentences if not holds_words(live, x))
+                if dead:
+                    forget(dead)
+        if self._lexical is not None:  # the rewritten nodes come back (marked dirty) at the next query
+            self._lexical.remove(sorted(gone | changed))
+            self._lex_removed -= gone
 
     def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
         """Generic repair: detach leaves, drop emptied ancestors, recompute spans and annotations."""
@@ -386,7 +449,8 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             self._reannotate(nid, usage)
 
     def clear(self) -> None:
-        """Forget everything (configuration and models are kept)."""
+        """Forget everything (configuration and models are kept); the summariser's cache is emptied too
+        (its ``clear()``, else its ``forget(texts)`` with every text, when it has either)."""
         with self._lock:
             if self._durable is not None:
                 seq = self._durable.seq + 1
@@ -399,11 +463,30 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             self._reset()
 
     def _reset(self) -> None:
+        old = self._store
         self._store = NodeStore(self.contiguous_spans)
         self._index = None
         self._lexical = None
+        self._arrays = NodeArrays()  # it holds the previous store until its next use otherwise
+        self._structure_cache = None
+        self._ns, self._ns_of, self._ns_dirty = None, None, set()
         self._set_state(self._initial_state())
         self._version += 1
+        self._forget_all(old)
+
+    def _forget_all(self, old: NodeStore) -> None:
+        """After ``clear()``: caches of the process drop what the texts of ``old`` (the cleared store)
+        left in them. The summariser is emptied with its ``clear()``, else given every text of ``old``
+        through its ``forget(texts)`` (when it has either). Subclasses extend it for their own caches."""
+        clear = getattr(self.summarizer, "clear", None)
+        if callable(clear):
+            clear()
+            return
+        forget = getattr(self.summarizer, "forget", None)
+        if callable(forget):
+            texts = [n.text for n in old.nodes.values() if n.text]
+            if texts:
+                forget(texts)
 
     def _initial_state(self) -> dict[str, Any]:
         return {}
@@ -454,6 +537,7 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         if self._index is not None:
             self._index.commit()
         self._index_created = False
+        forgotten = self._forgotten_texts(changed, removed)
         st.commit()
         if self._lexical is not None:
             self._lex_dirty |= set(live)
@@ -465,6 +549,8 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         self._state_snapshot = None
         self._usage += self._tx_usage
         self._version += 1
+        if forgotten:  # a deletion: the caches of the process forget its texts too
+            self._forget_texts(forgotten, set(live), gone)
         if interrupted is not None:
             raise interrupted
 

@@ -186,7 +186,9 @@ class LexicalIndex:
                 i = int(i)
                 if i in self._tokens:
                     slot = self._slot_of.pop(i)
-                    self._retire(slot, self._tokens.pop(i))
+                    tokens = self._tokens.pop(i)
+                    self._retire(slot, tokens)
+                    self._drop_unused(tokens)
                     self._slot_gen[slot] = -1
                     if 0 <= i < len(self._slot_by_id):
                         self._slot_by_id[i] = -1
@@ -224,13 +226,27 @@ class LexicalIndex:
             if 0 <= i < max(_DENSE_IDS, 4 * self._n_slots):  # sparse or huge ids stay in the dict only
                 self._slot_by_id = grow(self._slot_by_id, i + 1, fill=-1)
                 self._slot_by_id[i] = slot
+            old = None
         else:
-            self._retire(slot, self._tokens[i])
+            old = self._tokens[i]
+            self._retire(slot, old)
             self._slot_gen[slot] += 1
         self._tokens[i] = tokens
         self._slot_len[slot] = len(tokens)
         self._total_len += len(tokens)
         self._post_text(slot, int(self._slot_gen[slot]), tokens)
+        if old:
+            self._drop_unused(old)
+
+    def _drop_unused(self, tokens: list[str]) -> None:
+        """Take terms no live text holds any more out of the vocabulary, so that no word of a removed
+        or replaced text stays in the index (their dead postings go at the next compaction; the term
+        gets a fresh id if it comes back)."""
+        vocab = self._vocab
+        for t in set(tokens):
+            tid = vocab.get(t)
+            if tid is not None and self._df[tid] == 0:
+                del vocab[t]
 
     def _post_text(self, slot: int, gen: int, tokens: list[str]) -> None:
         counts = Counter(tokens)

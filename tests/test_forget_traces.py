@@ -7,12 +7,19 @@ from the forgotten message, in memory, in a save, or in a durable SQLite store.
   LLM: a fact written from an episode that lost a message is distilled again from the episodes left.
 - A property test over SegTreeMem, MemTree, HAT and xMemory (hashed embedder, no LLM): after any
   sequence of adds and deletes every node's text is derivable from the live messages only.
+- The caches of the process, for all four memories: after a deletion nothing the memory reaches (the
+  summariser's sentence cache, the lexical index, the node store and index, HAT's aggregate cache) nor
+  the fact rule's process-wide cache holds a word of the forgotten message, while a sentence a live
+  message shares keeps its vector (it is not embedded again); ``clear()`` empties them; the
+  summariser's ``forget`` / ``clear`` and summarisers without them; a property test of the same over
+  random adds, deletes and clears.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,11 +31,11 @@ from hypothesis import strategies as st
 
 from shared_core import HierarchicalMemory, Message
 from shared_core.index import normalize_rows
-from shared_core.models.extractive import split_sentences
+from shared_core.models.extractive import ExtractiveSummarizer, holds_words, split_sentences
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import xmemory as P
-from shared_core.xmemory import XMemory, extract_facts_rule, render_messages
-from tests.test_durable import HashEmbedder, check_tree, make_memory
+from shared_core.xmemory import XMemory, extract_facts_rule, render_messages, rules
+from tests.test_durable import HashEmbedder, check_tree, make_memory, message_text
 
 LOCKER = "My locker code at the big city gym downtown near the station is {}."
 FILLER = "We should plan the weekend hike with the kids soon."
@@ -58,7 +65,8 @@ def assert_forgotten(mem: HierarchicalMemory, secret: str, forgotten_vectors: li
     """No node text holds ``secret``; no indexed vector equals one made only from forgotten text."""
     st_ = mem._store
     assert all(secret not in n.text for n in st_.nodes.values())
-    assert secret not in json.dumps(mem.to_dict(), ensure_ascii=False)
+    data = {k: v for k, v in mem.to_dict().items() if k != "usage"}  # timings may hold any digits
+    assert secret not in json.dumps(data, ensure_ascii=False)
     ids = mem._index.ids.tolist()
     got = mem._index.get(ids)
     for nid, v in zip(ids, got):
@@ -261,6 +269,24 @@ def test_an_llm_fact_is_distilled_again_from_the_episodes_left(openai_server):
     assert_forgotten(mem, "4512", [unit(emb, FACT_LLM.format(4512))])
 
 
+def test_llm_written_texts_leave_the_sentence_cache_too(openai_server):
+    """xMemory with an LLM and an extractive theme summariser: the LLM's records and facts (which
+    paraphrase the message) are cached sentence by sentence; a deletion forgets those it rewrote."""
+    openai_server.default_chat = llm_answer
+    llm = OpenAIChat("test-model", base_url=openai_server.base_url, api_key="test", max_retries=0)
+    emb = HashEmbedder()
+    mem = XMemory(emb, llm=llm, boundary="rule", summarizer=ExtractiveSummarizer(emb))
+    mem.add(Message(LOCKER.format(4512), id="old", speaker="ann", timestamp="2024-01-05T10:00:00"))
+    mem.add(Message(FILLER, id="fill", speaker="bob", timestamp="2024-01-05T10:01:00"))
+    mem.add(Message(LOCKER.format(7731), id="new", speaker="ann", timestamp="2024-05-05T10:00:00"))
+    mem.flush()
+    summ: Any = mem.summarizer
+    assert "Ann's locker code is 4512." in summ._cache  # a sentence of an LLM-written record
+    mem.delete("old")
+    assert not [k for k in summ._cache if "4512" in k]
+    assert traces(mem, "4512") == []
+
+
 # --------------------------------------------------------------------------- property: all four memories
 TEMPLATES = [
     "My locker code at the big city gym downtown near the station is {}.",
@@ -380,5 +406,389 @@ def test_every_text_is_derivable_from_live_messages_only(kind):
                 mem.flush()
         check_derivable(mem, live, dead, emb)
         check_tree(mem, [m.render() for m in live.values()], deleted=True)
+
+    run()
+
+
+# --------------------------------------------------------------------------- caches of the process
+_NO_TEXT = (int, float, complex, bool, type(None), np.ndarray, np.generic, type)
+
+
+def reachable_strings(root: Any, skip: tuple[Any, ...] = ()) -> list[tuple[str, str]]:
+    """``(path, text)`` of every string (bytes decoded) reachable from ``root`` through dicts,
+    sequences, sets and instance attributes; objects in ``skip`` (the caller's models) are not
+    entered."""
+    skipped = {id(o) for o in skip}
+    seen: set[int] = set()
+    out: list[tuple[str, str]] = []
+    todo: list[tuple[Any, str]] = [(root, "mem")]
+    while todo:
+        obj, path = todo.pop()
+        if id(obj) in seen or id(obj) in skipped:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, str):
+            out.append((path, obj))
+        elif isinstance(obj, (bytes, bytearray)):
+            out.append((path, bytes(obj).decode("utf-8", "replace")))
+        elif isinstance(obj, _NO_TEXT):
+            continue
+        elif isinstance(obj, dict):
+            for k, v in list(obj.items()):
+                todo += [(k, f"{path}.<key>"), (v, f"{path}[{k!r}]"[:160])]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo += [(v, f"{path}[{i}]") for i, v in enumerate(list(obj))]
+        else:
+            if hasattr(obj, "__dict__"):
+                todo.append((vars(obj), f"{path}.{type(obj).__name__}"))
+            for name in getattr(type(obj), "__slots__", ()):
+                if hasattr(obj, name):
+                    todo.append((getattr(obj, name), f"{path}.{name}"))
+    return out
+
+
+def traces(mem: HierarchicalMemory, secret: str) -> list[str]:
+    """Where ``secret`` survives in the process: anything the memory reaches (its summariser's sentence
+    cache, lexical index, node store, HAT's aggregate cache, ...; not the caller's embedder) and the
+    fact rule's process-wide cache of answers by text."""
+    return traces_of(mem, [secret])
+
+
+def traces_of(mem: HierarchicalMemory, secrets: Iterable[str]) -> list[str]:
+    """:func:`traces` of several secrets, in one walk."""
+
+    secrets = list(secrets)
+    if not secrets:
+        return []
+    texts = reachable_strings(mem, skip=(mem.embedder, mem.llm))
+    texts += [("has_fact_sentence cache", k) for k in list(rules._fact_cache)]
+    return [f"{path}: {text[:80]!r}" for path, text in texts if any(x in text for x in secrets)]
+
+
+def assert_caches_clean(mem: HierarchicalMemory, secret: str) -> None:
+    """The named caches first (readable failures), then everything reachable."""
+    summ: Any = mem.summarizer
+    assert not [s for s in summ._cache if secret in s], "the summariser's sentence cache"
+    lex = mem._lexical
+    if lex is not None:
+        low = secret.lower()
+        assert not [t for t in lex._vocab if low in t], "the lexical vocabulary"
+        assert not [t for ts in lex._tokens.values() for t in ts if low in t], "the lexical texts"
+    if mem._index is not None:
+        st_ = mem._store
+        assert set(mem._index.ids.tolist()) == {i for i, n in st_.nodes.items() if n.text}, "node index"
+    assert traces(mem, secret) == []
+
+
+class CountingEmbedder(HashEmbedder):
+    """The hashed embedder, counting how often each text is embedded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def embed(self, texts: Any) -> np.ndarray:
+        texts = list(texts)
+        for t in texts:
+            self.counts[t] = self.counts.get(t, 0) + 1
+        return super().embed(texts)
+
+
+KINDS4 = ["segtree", "memtree", "hat", "xmemory"]
+SHARED = "We met at the lake."
+VAULT = "The vault code is {}."
+
+
+def cache_memory(kind: str, emb: Any = None, **kw: Any) -> HierarchicalMemory:
+    """A small memory whose summaries are composed from the summariser's sentence vectors."""
+    if kind == "memtree":
+        kw.setdefault("base_threshold", -1.0)  # every message descends: it is summarised somewhere
+    return make_memory(kind, emb if emb is not None else HashEmbedder(), annotation_vectors="composed", **kw)
+
+
+def exercise(mem: HierarchicalMemory, query: str) -> None:
+    """Every LLM-free policy once (and a budget), so the lexical index and the fact rule's cache fill."""
+    for policy in mem.policies:
+        if policy not in mem.llm_policies:
+            mem.retrieve(query, k=20, policy=policy)
+            mem.retrieve(query, k=20, policy=policy, max_tokens=400)
+    mem.relevance(query, kind="bm25")
+
+
+@pytest.mark.parametrize("kind", KINDS4)
+def test_a_deletion_leaves_no_trace_in_any_cache_and_keeps_shared_sentences(kind):
+    emb = CountingEmbedder()
+    mem = cache_memory(kind, emb)
+    t0 = datetime(2024, 1, 1, 9, 0)
+    for i in range(5):
+        mem.add(
+            Message(
+                message_text(i), id=f"m{i}", speaker="ann", timestamp=(t0 + timedelta(minutes=i)).isoformat()
+            )
+        )
+    mem.add(
+        Message(
+            f"{VAULT.format('zqvaultx')} {SHARED}",
+            id="secret",
+            speaker="ann",
+            timestamp=(t0 + timedelta(minutes=6)).isoformat(),
+        )
+    )
+    mem.add(
+        Message(
+            "hello zqhellox there",
+            id="runon",
+            speaker="bob",
+            timestamp=(t0 + timedelta(minutes=7)).isoformat(),
+        )
+    )
+    mem.add(
+        Message(
+            f"Bob likes tea. {SHARED}",
+            id="keep",
+            speaker="bob",
+            timestamp=(t0 + timedelta(minutes=8)).isoformat(),
+        )
+    )
+    for i in range(5, 9):
+        mem.add(
+            Message(
+                message_text(i),
+                id=f"m{i}",
+                speaker="ann",
+                timestamp=(t0 + timedelta(minutes=9 + i)).isoformat(),
+            )
+        )
+    exercise(mem, "vault code zqvaultx hello zqhellox")
+    summ: Any = mem.summarizer
+    assert [s for s in summ._cache if "zqvaultx" in s] and SHARED in summ._cache  # the test proves something
+    embedded = emb.counts.get(SHARED, 0)
+    assert mem.delete("secret") == 1 and mem.delete("runon") == 1
+    assert_caches_clean(mem, "zqvaultx")
+    assert_caches_clean(mem, "zqhellox")
+    # the sentence a live message still holds keeps its vector: never embedded again
+    assert SHARED in summ._cache
+    mem.add(
+        Message(
+            f"Ann agrees. {SHARED}",
+            id="again",
+            speaker="ann",
+            timestamp=(t0 + timedelta(hours=1)).isoformat(),
+        )
+    )
+    exercise(mem, "lake")
+    assert emb.counts.get(SHARED, 0) == embedded
+    assert_caches_clean(mem, "zqvaultx")
+
+
+@pytest.mark.parametrize("kind", KINDS4)
+def test_clear_empties_every_cache(kind):
+
+    mem = cache_memory(kind)
+    texts = [message_text(i) for i in range(6)] + ["I moved to Zqclearx street in May 2024.", "hi zqclearx"]
+    mem.add([Message(t, id=f"c{i}", speaker="ann") for i, t in enumerate(texts)])
+    exercise(mem, "street zqclearx")
+    if kind == "xmemory":  # asked in any case (xMemory asks it under a budget for messages without a fact)
+        rules.has_fact_sentence(texts[-2])
+    summ: Any = mem.summarizer
+    assert summ._cache
+    mem.clear()
+    assert len(summ._cache) == 0
+    assert mem._lexical is None and mem._index is None
+    assert traces(mem, "clearx") == []
+    mem.add(message_text(0))  # usable after
+    assert len(mem) == 1
+
+
+def test_the_fact_rule_cache_is_bounded_and_forgets(monkeypatch):
+
+    monkeypatch.setattr(rules, "FACT_CACHE_SIZE", 3)
+    rules.forget_fact_sentences()
+    for i in range(5):
+        assert rules.has_fact_sentence(f"I paid {i} euros for the zqfact{i}x tickets.")
+    assert len(rules._fact_cache) == 3 and not [k for k in rules._fact_cache if "zqfact0x" in k]
+    rules.forget_fact_sentences(["I paid 4 euros for the zqfact4x tickets."])
+    assert not [k for k in rules._fact_cache if "zqfact4x" in k] and len(rules._fact_cache) == 2
+    assert rules.has_fact_sentence("I paid 4 euros for the zqfact4x tickets.")  # asked again: answered again
+    rules.forget_fact_sentences()
+    assert len(rules._fact_cache) == 0
+
+
+def test_an_xmemory_deletion_forgets_the_fact_rule_answers():
+
+    mem = XMemory(HashEmbedder(), fact_fallback="always")
+    mem.add(Message("I moved to Zqrulex street in May 2024.", id="s", speaker="ann"))
+    mem.add(Message(FILLER, id="f", speaker="bob"))
+    mem.retrieve("street", k=5)  # the open episode's messages ask the fact rule
+    assert [k for k in rules._fact_cache if "Zqrulex" in k]
+    mem.delete("s")
+    assert traces(mem, "Zqrulex") == []
+
+
+# ---- the summariser's own API
+class StubEmbedder:
+    """Embeds with the hashed embedder; ``hook`` runs inside the next embed call (once)."""
+
+    def __init__(self) -> None:
+        self.inner = HashEmbedder()
+        self.hook: Any = None
+        self.dim = self.inner.dim
+
+    def embed(self, texts: Any) -> np.ndarray:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return self.inner.embed(texts)
+
+
+def test_extractive_forget_drops_sentences_quoting_forgotten_ones():
+    emb = HashEmbedder()
+    summ = ExtractiveSummarizer(emb, max_chars=40)
+    long = "The zqlongx vault near the old station opens at nine on Mondays."
+    summ.compose(
+        ["hello zqrunx there Bob arrives at 9.", "Bob arrives at 9.", "ann: hello zqrunx there", long]
+    )
+    summ.compose([summ.summarize([long])[0]])  # the shortened form of the long sentence
+    assert any(k.endswith("…") for k in summ._cache)
+    before = set(summ._cache)
+    kept = {k for k in before if "zqrunx" not in k and "zqlongx" not in k}
+    assert summ.forget(["hello zqrunx there", long]) == len(before) - len(kept) == 4
+    assert set(summ._cache) == kept and "Bob arrives at 9." in kept
+    assert summ.forget([]) == 0 and summ.forget(["never seen."]) == 0
+    assert summ.forget(["Bob arrives a"]) == 0 and summ.forget(["rrives at 9."]) == 0  # not whole words
+    assert holds_words("Bob arrives at 9.", "arrives at") and not holds_words("Bob arrives at 9.", "rrives")
+    summ.clear()
+    assert len(summ._cache) == 0
+
+
+def test_extractive_vectors_survive_a_concurrent_forget():
+    emb = StubEmbedder()
+    summ = ExtractiveSummarizer(emb)
+    summ.compose(["Alpha is here."])
+    emb.hook = lambda: summ.forget(["Alpha is here."])  # dropped while the missing sentence is embedded
+    vecs, usage = summ.compose(["Alpha is here. Beta is there."])
+    assert vecs.shape == (1, emb.dim) and usage.embedded_texts == 1
+
+
+class PlainSummarizer:
+    """A third-party summariser without forget or clear."""
+
+    def summarize(self, texts: Any, **fields: Any) -> tuple[str, Any]:
+        from shared_core.types import Usage
+
+        return " ".join(texts)[:300], Usage()
+
+    async def asummarize(self, texts: Any, **fields: Any) -> tuple[str, Any]:
+        return self.summarize(texts)
+
+
+class ForgetOnlySummarizer(PlainSummarizer):
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    def forget(self, texts: Any) -> None:
+        self.forgotten += list(texts)
+
+
+@pytest.mark.parametrize("kind", ["segtree", "memtree", "hat"])
+def test_summarisers_without_the_cache_methods_still_delete_and_clear(kind):
+    for summ in (PlainSummarizer(), ForgetOnlySummarizer()):
+        mem = cache_memory(kind, summarizer=summ)
+        mem.add([Message(message_text(i), id=f"p{i}") for i in range(6)])
+        mem.add(Message("The zqplainx code.", id="s"))
+        assert mem.delete("s") == 1
+        mem.clear()
+        assert len(mem) == 0
+        if isinstance(summ, ForgetOnlySummarizer):
+            assert "The zqplainx code." in summ.forgotten  # the deletion's dead sentence
+            assert any(message_text(0) in t for t in summ.forgotten)  # clear() gave it every text
+
+
+# ---- property: random adds, deletes, retrievals and clears
+PIECES = [
+    "My locker code at the big city gym is {}.",
+    "hello {} there",  # no end mark: in a summary it runs on into the next text
+    "and then {} happened.",  # a lower-case start: no sentence break before it either
+    "The {} vault near the old railway station downtown opens at nine every Monday for the visitors.",
+    "I moved to {} street in May 2024.",
+    SHARED,  # shared by many messages, no secret
+    "Bob likes tea.",
+]
+CACHE_ADD = st.tuples(
+    st.just("add"),
+    st.lists(st.sampled_from(range(len(PIECES))), min_size=1, max_size=3),
+    st.sampled_from(["ann", "bob"]),
+    st.sampled_from([1, 4320]),
+    st.booleans(),
+)
+CACHE_OPS = st.tuples(
+    st.lists(CACHE_ADD, min_size=2, max_size=6),
+    st.lists(
+        st.one_of(
+            CACHE_ADD,
+            st.tuples(st.just("delete"), st.integers(0, 50)),
+            st.tuples(st.just("delete"), st.integers(0, 50)),
+            st.tuples(st.just("delete_node"), st.integers(0, 50)),
+            st.tuples(st.just("retrieve"), st.sampled_from(["code vault", "hello there street"])),
+            st.tuples(st.just("clear")),
+        ),
+        min_size=2,
+        max_size=10,
+    ),
+).map(lambda p: p[0] + p[1])
+
+
+@pytest.mark.parametrize("kind", KINDS4)
+def test_no_cache_keeps_a_forgotten_word_and_live_sentences_stay_cached(kind):
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(ops=CACHE_OPS)
+    def run(ops: list[tuple[Any, ...]]) -> None:
+        rules.forget_fact_sentences()  # a previous example's memory may have asked about the same words
+        mem = cache_memory(kind, summary_chars=90)
+        summ: Any = mem.summarizer
+        live: dict[str, list[str]] = {}  # source id -> its secrets
+        dead: set[str] = set()
+        when = datetime(2024, 1, 1, 9, 0)
+        for i, op in enumerate(ops):
+            if op[0] == "add":
+                _, pieces, who, gap, flush = op
+                when += timedelta(minutes=gap)
+                secrets = [secret(i, j) for j in range(len(pieces))]
+                text = " ".join(PIECES[p].format(x) for p, x in zip(pieces, secrets))
+                mem.add(Message(text, id=f"m{i}", speaker=who, timestamp=when.isoformat()))
+                live[f"m{i}"] = [x for p, x in zip(pieces, secrets) if "{}" in PIECES[p]]
+                if flush and isinstance(mem, XMemory):
+                    mem.flush()
+                continue
+            if op[0] == "retrieve":
+                if live:
+                    exercise(mem, op[1])
+                continue
+            if op[0] == "clear":
+                mem.clear()
+                assert len(summ._cache) == 0
+                for xs in live.values():
+                    dead.update(xs)
+                live.clear()
+            else:
+                if not live:
+                    continue
+                if op[0] == "delete":
+                    key: int | str = list(live)[op[1] % len(live)]
+                else:
+                    key = sorted(mem._store.nodes)[op[1] % len(mem._store.nodes)]
+                ids = (
+                    {mem._store.nodes[lid].message.id for lid in mem._store.leaves_under(key)}
+                    if isinstance(key, int)
+                    else {key}
+                )
+                cached = set(summ._cache)
+                assert mem.delete(key) == len(ids)
+                for sid in ids:
+                    dead.update(live.pop(sid))
+                # every sentence a live text still holds keeps its vector
+                held = {x for n in mem._store.nodes.values() if n.text for x in split_sentences(n.text)}
+                assert cached & held <= set(summ._cache)
+            assert traces_of(mem, dead) == []
 
     run()

@@ -585,13 +585,10 @@ def test_deleted_text_is_never_returned(config, by, openai_server, tmp_path):
         for f in store.parent.iterdir():
             assert SECRET.encode() not in f.read_bytes(), f"{f.name} still holds the deleted text"
         mem.close_store()
-        back = (
-            HierarchicalMemory.open(store, embedder=HashEmbedder(), llm=mem.llm)
-            if config != "xmemory"
-            else None
-        )
-        if back is not None:
+        back = HierarchicalMemory.open(store, embedder=HashEmbedder(), llm=mem.llm)
+        try:
             assert all(SECRET not in t for t in all_hit_texts(back))
+        finally:
             back.close_store()
 
 

@@ -6,8 +6,10 @@ import asyncio
 import re
 import threading
 import time
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -48,6 +50,28 @@ def split_sentences(text: str) -> list[str]:
     return [text[a:b] for a, b in sentence_spans(text)]
 
 
+def _word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def _at_word_bounds(text: str, i: int, part: str) -> bool:
+    """Whether ``part``, found at ``text[i:]``, is not the middle of a longer word there."""
+    j = i + len(part)
+    if part and _word_char(part[0]) and i > 0 and _word_char(text[i - 1]):
+        return False
+    return not (part and _word_char(part[-1]) and j < len(text) and _word_char(text[j]))
+
+
+def holds_words(text: str, part: str) -> bool:
+    """Whether ``part`` occurs in ``text`` as a run of whole words (not inside a longer word)."""
+    i = text.find(part)
+    while i >= 0:
+        if _at_word_bounds(text, i, part):
+            return True
+        i = text.find(part, i + 1)
+    return False
+
+
 class ExtractiveSummarizer:
     """Picks the children's most central sentences, in their original order, within a length budget.
 
@@ -65,6 +89,10 @@ class ExtractiveSummarizer:
     (default): every sentence is embedded alone (one more forward pass over the message's tokens).
     Either way a sentence that is the whole message gets the message's vector, and sentences not
     seeded are embedded alone.
+
+    The cache holds the words of every sentence it has seen, so a memory empties it in ``clear()``
+    (:meth:`clear`) and, after a deletion, takes out the sentences no live text holds any more
+    (:meth:`forget`).
 
     Args:
         embedder: the memory's embedder (usually shared with it).
@@ -107,8 +135,9 @@ class ExtractiveSummarizer:
 
     def _vectors(self, sentences: list[str]) -> tuple[dict[str, np.ndarray], Usage]:
         usage = Usage()
-        with self._lock:
-            missing = list(dict.fromkeys(s for s in sentences if s not in self._cache))
+        with self._lock:  # read the cached vectors now: a concurrent forget() may drop them meanwhile
+            out = {s: self._cache[s] for s in dict.fromkeys(sentences) if s in self._cache}
+        missing = [s for s in dict.fromkeys(sentences) if s not in out]
         got: dict[str, np.ndarray] = {}
         if missing:
             t0 = time.perf_counter()
@@ -117,14 +146,11 @@ class ExtractiveSummarizer:
             got = dict(zip(missing, normalize_rows(vecs)))
         with self._lock:
             self._remember(got)
-            out = {}
             for s in sentences:
-                v = got.get(s)
-                if v is None:
-                    v = self._cache[s]
+                if s not in got and s in self._cache:
                     self._cache.move_to_end(s)
-                out[s] = v
             self._evict()
+        out.update(got)
         return out, usage
 
     def _remember(self, vectors: dict[str, np.ndarray]) -> None:
@@ -136,6 +162,58 @@ class ExtractiveSummarizer:
         """Drop the least recently used vectors beyond ``cache_size`` (the caller holds the lock)."""
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+
+    def forget(self, texts: Iterable[str]) -> int:
+        """Drop from the sentence cache what the sentences of ``texts`` left in it.
+
+        A memory calls this after a deletion with the sentences of the deleted messages (xMemory: and
+        of the texts the deletion rewrote) that none of its live texts still holds (see
+        :meth:`HierarchicalMemory.delete <shared_core.base.HierarchicalMemory.delete>`), so that no
+        forgotten words stay in the process. Dropped are the vectors of every sentence of ``texts``,
+        of every cached sentence that holds one of them as a run of whole words (a sentence that ran
+        on across texts joined in a summary, such as ``"hello there Bob arrives at 9."`` made of an
+        unpunctuated ``"hello there"`` and the next text; a rendering such as ``"ann: <sentence>"``),
+        and of the shortened form (ending in ``"…"``) a summary makes of a sentence longer than
+        ``max_chars``. A sentence that is still needed is only embedded again when next used.
+
+        Args:
+            texts: texts or sentences, e.g. those of deleted messages.
+
+        Returns:
+            The number of cached sentences dropped.
+
+        Cost: one pass over the cached sentences per sentence of ``texts`` (a substring search of
+        their concatenation), under the cache's lock.
+        """
+        targets = {s for t in texts if isinstance(t, str) and t for s in split_sentences(t)}
+        if not targets:
+            return 0
+        targets |= {self._fit([s]) for s in targets if len(s) > self.max_chars}
+        with self._lock:
+            keys = list(self._cache)
+            if not keys:
+                return 0
+            # a cached sentence has no newline (split_sentences splits there): join on it and search
+            hay = "\n".join(keys)
+            starts = list(accumulate((len(k) + 1 for k in keys[:-1]), initial=0))
+            hit: set[int] = set()
+            for s in targets:
+                i = hay.find(s)
+                while i >= 0:
+                    if not _at_word_bounds(hay, i, s):  # inside a longer word: look further on
+                        i = hay.find(s, i + 1)
+                        continue
+                    j = bisect_right(starts, i) - 1
+                    hit.add(j)
+                    i = hay.find(s, starts[j] + len(keys[j]) + 1)  # the next cached sentence on
+            for j in hit:
+                del self._cache[keys[j]]
+        return len(hit)
+
+    def clear(self) -> None:
+        """Empty the sentence cache (a memory's ``clear()`` calls this: nothing of its texts stays)."""
+        with self._lock:
+            self._cache.clear()
 
     def spans(self, texts: Sequence[str]) -> list[list[tuple[int, int]]] | None:
         """Sentence spans of ``texts`` for an embedder's ``embed_spans`` (see :func:`sentence_spans`), or

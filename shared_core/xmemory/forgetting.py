@@ -16,9 +16,13 @@ Deleting messages repairs the hierarchy bottom-up, in one transaction:
   removed;
 * **themes** of changed semantics are summarised again (emptied themes removed), over fresh
   semantic vectors;
-* **caches**: the summariser's sentence cache forgets every sentence of a removed or replaced text
-  that no live node still holds (it is seeded with message and fact vectors and would otherwise keep
-  the forgotten words); the lexical index and the node index take the changed nodes at the commit.
+* **caches**: after the commit, the shared cleanup of :meth:`HierarchicalMemory.delete
+  <shared_core.base.HierarchicalMemory.delete>` takes out of the summariser's sentence cache every
+  sentence of the deleted messages and (``forget_rewritten``: records and facts may be an LLM's
+  words) of every text the deletion removed or rewrote that no live node still holds (the cache is
+  seeded with message and fact vectors and would otherwise keep the forgotten words), and the
+  lexical index drops the removed and rewritten texts; the fact rule's answers cached by message
+  text drop the deleted messages' texts.
 
 References:
     xMemory Sec. 3.2 (the hierarchy); the deletion itself is this library's, the paper does not forget.
@@ -26,18 +30,17 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..index import inner_products
-from ..models.extractive import split_sentences
 from ..models.parsing import complete_parsed
 from ..prompts import xmemory as P
+from ..tree import NodeStore
 from ..types import Message, Usage
 from .construction import _facts_parser, _parse_episode, _XMemoryConstruction
-from .rules import extract_facts_rule, render_messages
+from .rules import extract_facts_rule, forget_fact_sentences, render_messages
 
 __all__: list[str] = []
 
@@ -53,19 +56,9 @@ _Fact = tuple[str, str, list[int]]  # (stored text, embedded key, leaf ids of it
 class _XMemoryForgetting(_XMemoryConstruction):
     """The deletion half of :class:`~shared_core.xmemory.XMemory` (see the module)."""
 
-    #: texts removed or replaced by the deletion under way (their sentences leave the summariser's cache)
-    _forgotten_texts: list[str]
-
-    def delete(self, key: int | str) -> int:
-        """Forget a message (by leaf id or source id) or a subtree, and every text made of its words
-        (see :meth:`HierarchicalMemory.delete` and :mod:`shared_core.xmemory.forgetting`)."""
-        with self._lock:
-            self._forgotten_texts = []
-            try:
-                return super().delete(key)
-            finally:
-                texts, self._forgotten_texts = self._forgotten_texts, []
-                self._forget_sentences(texts)  # after a rollback the texts are live again: kept
+    #: episode records and facts may be written by an LLM (not made of their messages' sentences): a
+    #: deletion's caches forget the sentences of every text it rewrites or removes
+    forget_rewritten = True
 
     # ------------------------------------------------------------------ the repair
     def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
@@ -80,10 +73,6 @@ class _XMemoryForgetting(_XMemoryConstruction):
             if "messages" not in st.nodes[s].data:  # saved before the list existed: settle it now
                 st.set_data(s, "messages", self._fact_messages(s))
             origins[s] = self._text_origin(s)
-        themes_before = {st.nodes[s].parent for s in semantics} - {None}
-        forgotten = getattr(self, "_forgotten_texts", None)
-        if forgotten is not None:
-            forgotten.extend(st.nodes[i].text for i in [*gone, *episodes, *semantics, *themes_before])
         for lid in gone:
             st.detach(lid)
             st.delete_node(lid)
@@ -284,28 +273,17 @@ class _XMemoryForgetting(_XMemoryConstruction):
         return None
 
     # ------------------------------------------------------------------ caches
-    def _forget_sentences(self, texts: Iterable[str]) -> None:
-        """Take the sentences of ``texts`` that no live node holds out of the summariser's sentence
-        cache (a summariser with a ``forget(sentences)`` method, or the extractive one's cache)."""
-        summ: Any = self.summarizer
-        forget = getattr(summ, "forget", None)
-        cache, lock = getattr(summ, "_cache", None), getattr(summ, "_lock", None)
-        if not callable(forget) and not (isinstance(cache, dict) and lock is not None):
-            return  # no sentence cache (an LLM summariser)
-        sentences = {x for t in texts if t for x in split_sentences(t)}
-        if not callable(forget):
-            assert isinstance(cache, dict)
-            sentences = {x for x in sentences if x in cache}
-        if not sentences:
-            return
-        live = "\n".join(n.text for n in self._store.nodes.values() if n.text)  # one scan of the texts
-        dead = sorted(x for x in sentences if x not in live)
-        if not dead:
-            return
-        if callable(forget):
-            forget(dead)
-            return
-        assert isinstance(cache, dict) and lock is not None
-        with lock:  # ExtractiveSummarizer's sentence -> vector cache
-            for x in dead:
-                cache.pop(x, None)
+    def _forget_texts(self, texts: Sequence[str], changed: set[int], gone: set[int]) -> None:
+        """After a committed deletion: the shared cleanup (the summariser's sentence cache, the lexical
+        index; see :meth:`HierarchicalMemory._forget_texts`), and the fact rule's answers cached by
+        message text (:func:`~shared_core.xmemory.rules.forget_fact_sentences`)."""
+        super()._forget_texts(texts, changed, gone)
+        forget_fact_sentences(texts)
+
+    def _forget_all(self, old: NodeStore) -> None:
+        """After ``clear()``: the shared cleanup, and the fact rule's cached answers of every text of
+        the cleared store."""
+        super()._forget_all(old)
+        forget_fact_sentences(
+            [t for n in old.nodes.values() for t in (n.text, n.message.text if n.message else "") if t]
+        )

@@ -7,9 +7,10 @@ References:
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ..viz import parse_timestamp
 __all__ = [
     "central_facts",
     "extract_facts_rule",
+    "forget_fact_sentences",
     "has_fact_sentence",
     "parse_timestamp",
     "query_terms",
@@ -138,13 +140,22 @@ def _fact_score(sentence: str) -> int:
     return score
 
 
-@functools.lru_cache(maxsize=65_536)
+#: texts whose :func:`has_fact_sentence` answer is kept (least recently used dropped beyond it)
+FACT_CACHE_SIZE = 65_536
+_fact_cache: OrderedDict[str, bool] = OrderedDict()
+_fact_lock = threading.Lock()
+
+
 def has_fact_sentence(text: str) -> bool:
     """Whether the LLM-free fact rule accepts at least one sentence of ``text``.
 
     The test :func:`extract_facts_rule` applies to each sentence (at least 4 words, not a question, a
     first-person statement, named entity, number or time word, not a short greeting), before its
     ``max_facts`` cap; ``False`` for an empty text.
+
+    Answers are cached by text for the process (the :data:`FACT_CACHE_SIZE` most recently asked);
+    a memory takes the texts of the messages it deletes or clears out again
+    (:func:`forget_fact_sentences`), so the cache keeps no forgotten text.
 
     Args:
         text: a message text (without speaker or date).
@@ -153,10 +164,34 @@ def has_fact_sentence(text: str) -> bool:
         ``True`` when some sentence qualifies.
 
     References:
-        xMemory App. C "semantic generation" (the rule is its LLM-free stand-in). Results are cached
-        by text (65,536 texts).
+        xMemory App. C "semantic generation" (the rule is its LLM-free stand-in).
     """
-    return any(_fact_score(sent) > 0 for sent in split_sentences(str(text)))
+    key = str(text)
+    with _fact_lock:
+        got = _fact_cache.get(key)
+        if got is not None:
+            _fact_cache.move_to_end(key)
+            return got
+    got = any(_fact_score(sent) > 0 for sent in split_sentences(key))
+    with _fact_lock:
+        _fact_cache[key] = got
+        while len(_fact_cache) > FACT_CACHE_SIZE:
+            _fact_cache.popitem(last=False)
+    return got
+
+
+def forget_fact_sentences(texts: Iterable[str] | None = None) -> None:
+    """Drop the cached :func:`has_fact_sentence` answers of ``texts`` (every answer when ``None``).
+
+    Args:
+        texts: texts as they were asked about (e.g. the texts of deleted messages), or ``None``.
+    """
+    with _fact_lock:
+        if texts is None:
+            _fact_cache.clear()
+            return
+        for t in texts:
+            _fact_cache.pop(t, None)
 
 
 def extract_facts_rule(messages: Sequence[Message], max_facts: int = 8) -> list[tuple[str, str, int]]:
