@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared_core.ann import NeighbourSearch
@@ -41,6 +41,7 @@ def test_exhaustive_up_to_the_limit_then_an_index():
 
 
 @settings(max_examples=20, deadline=None)
+@example(n=40, ops=[("add", 0)] * 4, seed=0, codes="sq8")  # 8-bit codes put a neighbour first here
 @given(
     n=st.integers(40, 400),
     ops=st.lists(st.tuples(st.sampled_from(["add", "move", "drop"]), st.integers(0, 10**6)), max_size=15),
@@ -77,7 +78,11 @@ def test_the_index_holds_exactly_the_current_vectors(n, ops, seed, codes):
     keys = sorted(vecs)
     found = ns.search(np.stack([vecs[i] for i in keys]), 3)
     assert found.shape == (len(keys), 3) and found.dtype == np.int64
-    assert [int(f[0]) for f in found] == keys  # each vector (random, so distinct) is its own nearest
+    if codes == "flat":
+        assert [int(f[0]) for f in found] == keys  # each vector (random, so distinct) is its own nearest
+    else:
+        # 8-bit codes may rank a near neighbour of the same cluster first: the vector is among the top 3
+        assert all(k in f.tolist() for k, f in zip(keys, found, strict=True))
     assert not (set(found.ravel().tolist()) & gone)
 
 
