@@ -60,6 +60,7 @@ __all__ = [
     "first_line",
     "parse_url",
     "split_url",
+    "take_session_lock",
 ]
 
 T = TypeVar("T")
@@ -76,6 +77,8 @@ _OWN_PARAMS = ("lock_timeout",)
 #: shutdown codes (admin_shutdown, crash_shutdown, cannot_connect_now).
 _GONE_STATES = ("57P01", "57P02", "57P03")
 _LOCK_NOT_AVAILABLE = "55P03"
+#: Seconds a lock connection is kept unused for the next write that holds a namespace's lock.
+_SPARE_SECONDS = 60.0
 
 
 def first_line(e: BaseException) -> str:
@@ -177,6 +180,28 @@ def lock_timed_out(e: BaseException) -> bool:
     return isinstance(e, psycopg.Error) and getattr(e, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
+def take_session_lock(conn: psycopg.Connection[Any], lock: int) -> bool:
+    """Take the advisory lock ``(LOCK_CLASS, lock)`` at session level on ``conn`` (idle, not in a
+    transaction), waiting at most the connection's ``lock_timeout``.
+
+    Returns:
+        Whether it had to wait (another session held the lock).
+
+    Raises:
+        psycopg.Error: the lock timeout passed (``55P03``) or the connection failed.
+    """
+    conn.autocommit = True
+    try:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock)).fetchone()
+        if row and row[0]:
+            return False
+        conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, lock))
+        return True
+    finally:
+        if not (conn.closed or conn.broken):
+            conn.autocommit = False
+
+
 def ask_commit_outcome(connect: Callable[[], psycopg.Connection[Any]], xid: int, wait: float) -> bool | None:
     """Whether transaction ``xid`` (``txid_current()``) committed, asked on a new connection.
 
@@ -247,6 +272,7 @@ class PostgresConnections:
         self._broken = False
         self._lock = threading.Lock()
         self._lent: dict[int, tuple[psycopg.Connection[Any], ConnectionPool]] = {}
+        self._spares: list[tuple[psycopg.Connection[Any], float]] = []  # see keep_lock_connection
         self._probe()
         self._writers, self._readers = self._new_pools()
 
@@ -283,33 +309,51 @@ class PostgresConnections:
         conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
         conn.commit()
 
-    def locked_connection(
-        self, lock: int, what: str, namespace: tuple[str, ...] | None = None
-    ) -> psycopg.Connection[Any]:
-        """A new connection outside the pools that holds the session-level advisory lock
-        ``(LOCK_CLASS, lock)``, waited for at most the lock timeout; configured as a writer
-        (``READ COMMITTED``), no transaction open. Closing it releases the lock.
+    def lock_connection(self, what: str) -> psycopg.Connection[Any]:
+        """A connection outside the pools, configured as a writer (``READ COMMITTED``, the lock
+        timeout), no transaction open, to hold a namespace's lock at session level (see
+        :func:`take_session_lock`): one kept by :meth:`keep_lock_connection`, or a new one. The caller
+        gives it back with :meth:`keep_lock_connection` or closes it.
 
         Raises:
-            NamespaceBusyError: the lock was not free within the lock timeout.
             PersistenceError: the server cannot be reached.
         """
+        now = time.monotonic()
+        kept: psycopg.Connection[Any] | None = None
+        with self._lock:
+            stale = [c for c, t in self._spares if now - t >= _SPARE_SECONDS or c.closed or c.broken]
+            self._spares = [(c, t) for c, t in self._spares if c not in stale]
+            if self._spares:
+                kept = self._spares.pop()[0]
+        for c in stale:
+            with suppress(Exception):
+                c.close()
+        if kept is not None:
+            return kept
         try:
             conn = psycopg.connect(self._url, **self._kwargs)
         except psycopg.Error as e:
             raise self.error(e, what) from None
         try:
             self._configure_writer(conn)
-            conn.autocommit = True
-            conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, lock))
-            conn.autocommit = False
         except BaseException as e:
             with suppress(Exception):
                 conn.close()
             if isinstance(e, Exception):
-                raise self.error(e, what, conn=conn, namespace=namespace) from None
+                raise self.error(e, what, conn=conn) from None
             raise
         return conn
+
+    def keep_lock_connection(self, conn: psycopg.Connection[Any]) -> None:
+        """Keep a connection of :meth:`lock_connection` (idle, holding no lock) for the next one: at most
+        ``pool_size`` are kept, each for at most a minute unused; others are closed."""
+        if not (conn.closed or conn.broken):
+            with self._lock:
+                if not self._closed and len(self._spares) < self._pool_size:
+                    self._spares.append((conn, time.monotonic()))
+                    return
+        with suppress(Exception):
+            conn.close()
 
     def _new_pools(self) -> tuple[ConnectionPool, ConnectionPool]:
         common: dict[str, Any] = {
@@ -511,6 +555,10 @@ class PostgresConnections:
             if self._closed:
                 return
             self._closed = True
+            spares, self._spares = self._spares, []
+        for conn, _ in spares:
+            with suppress(Exception):
+                conn.close()
         for pool in (getattr(self, "_writers", None), getattr(self, "_readers", None)):
             if pool is not None:
                 with suppress(Exception):

@@ -10,8 +10,9 @@ the ``COMMIT`` got no reply, whether it landed.
   It records the transaction's id (``txid_current()``) and whether the ``COMMIT`` was sent and
   returned.
 - :meth:`NamespaceWrites.hold` takes the same lock at session level on a connection of its own (outside
-  the pools, no transaction open) for a write that is computed again after a conflict; the next
-  :meth:`~NamespaceWrites.run` writes on that connection and then closes it, which releases the lock.
+  the pools, no transaction open) for a write computed while holding it (after a conflict); the next
+  :meth:`~NamespaceWrites.run` writes on that connection and then releases the lock. The connection is
+  kept for the next such write (:meth:`PostgresConnections.keep_lock_connection`), or closed on any error.
 - :meth:`NamespaceWrites.landed` tells, after :meth:`~NamespaceWrites.run` raised, whether the write is
   in the database: not if its ``COMMIT`` was never sent, yes if it returned, else the server is asked
   on a fresh connection (``txid_status``); when the server cannot tell,
@@ -29,7 +30,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from ..types import CommitUnknownError
-from .pg_connection import LOCK_CLASS, PostgresConnections, connection_lost
+from .pg_connection import LOCK_CLASS, PostgresConnections, connection_lost, take_session_lock
 
 if TYPE_CHECKING:
     import psycopg
@@ -64,29 +65,57 @@ class NamespaceWrites:
         """Whether the namespace's lock is held at session level (see :meth:`hold`)."""
         return self._held is not None
 
-    def hold(self, ns_id: int) -> None:
+    def hold(self, ns_id: int) -> bool:
         """Take the namespace's lock at session level until the next :meth:`run` ends (or :meth:`release`).
+
+        Returns:
+            Whether it had to wait for the lock (another writer held it).
 
         Raises:
             NamespaceBusyError: the lock was not free within the lock timeout.
             PersistenceError: the server cannot be reached.
         """
         self.release()
-        self._held = self.db.locked_connection(ns_id, f"write to {self.label}", self.namespace)
+        what = f"write to {self.label}"
+        conn = self.db.lock_connection(what)
+        try:
+            waited = take_session_lock(conn, ns_id)
+        except BaseException as e:
+            _close(conn)
+            if isinstance(e, Exception):
+                raise self.db.error(e, what, conn=conn, namespace=self.namespace) from None
+            raise
+        self._held = conn
+        return waited
 
     def release(self) -> None:
         """Forget the last write and release a lock :meth:`hold` took (idempotent)."""
         self._xid, self._committed = None, False
         conn, self._held = self._held, None
         if conn is not None:
-            with suppress(Exception):
-                conn.close()  # ends the session, which releases its lock
+            self._keep(conn, rollback=True)
+
+    def _keep(self, conn: psycopg.Connection[Any], *, rollback: bool) -> None:
+        """Release the session lock of a held connection and keep it for the next :meth:`hold` (closed
+        instead when anything fails: closing ends the session, which releases its lock)."""
+        try:
+            if rollback:
+                conn.rollback()
+            conn.autocommit = True
+            conn.execute("SELECT pg_advisory_unlock_all()")
+            conn.autocommit = False
+        except Exception:
+            _close(conn)
+            return
+        except BaseException:
+            _close(conn)
+            raise
+        self.db.keep_lock_connection(conn)
 
     def _give_back(self, conn: psycopg.Connection[Any], held: bool, *, rollback: bool) -> None:
         if held:
             self._held = None
-            with suppress(Exception):
-                conn.close()
+            self._keep(conn, rollback=rollback)
         else:
             self.db.release(conn, rollback=rollback)
 
@@ -166,3 +195,8 @@ class NamespaceWrites:
                 "the change twice)."
             )
         return outcome
+
+
+def _close(conn: psycopg.Connection[Any]) -> None:
+    with suppress(Exception):
+        conn.close()

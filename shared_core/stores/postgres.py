@@ -24,7 +24,10 @@ the database on first open) and keeps it in step with the database:
   catch-up, the model calls and the write; so the second attempt cannot be overtaken and a busy
   namespace makes progress (``write_attempts`` attempts in all, default :data:`WRITE_ATTEMPTS`, then
   ``NamespaceBusyError``). Writers of that namespace wait for it at their step 3, at most the lock
-  timeout. So, without contention, the lock is held only while rows are written: a slow model in one
+  timeout. While writers keep colliding (a conflict, or a wait for that lock, in the last
+  :data:`CONTENTION_WINDOW` seconds) a store computes every write that way, which spares the attempts
+  that would be overtaken (the lock connections are kept for reuse, at most ``pool_size``, a minute
+  each). So, without contention, the lock is held only while rows are written: a slow model in one
   process does not make another process wait, ``idle_in_transaction_session_timeout`` never ends a
   write, a slow add holds no pooled connection (an add in another namespace never waits for it), and
   writers of one namespace are still serialised (each write is computed from every write committed
@@ -72,6 +75,7 @@ References:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +120,10 @@ __all__ = [
 FORMAT = 1
 #: The PostgreSQL schema holding the tables.
 SCHEMA = "hiermem"
+#: Seconds a store keeps computing its writes under the namespace's lock after it last met another writer
+#: (a commit overtook its change, or it waited for the lock): while writers collide, computing first
+#: without the lock would mostly be wasted.
+CONTENTION_WINDOW = 2.0
 #: How many times a write is computed, at most: first with no lock held; when another process committed
 #: to the namespace meanwhile, again (after catching up) holding the namespace's lock, which no writer can
 #: overtake (a third attempt only when that lock's connection was lost). Then
@@ -402,6 +410,7 @@ class PostgresStore(Store):
         self._seq = 0
         self._stale = True  # nothing loaded yet (or a commit's outcome is unknown): reload in full
         self._writes = NamespaceWrites(self.db, self.namespace, self._in)
+        self._contended_until = 0.0  # until then, writes are computed under the lock (see begin)
         self._ns = -1  # the namespace's id; registered by the first write (initialize)
         try:
             self._lookup()
@@ -565,16 +574,18 @@ class PostgresStore(Store):
             exclusive: ``False`` (a first attempt): no lock and no connection is held while the memory
                 computes. ``True`` (after a conflict): first take the namespace's lock at session level
                 (see :class:`~shared_core.stores.pg_writes.NamespaceWrites`) and hold it until the
-                write ends, so no other writer can overtake this one.
+                write ends, so no other writer can overtake this one. Within
+                :data:`CONTENTION_WINDOW` seconds of meeting another writer, every write is exclusive.
 
         Raises:
             NamespaceBusyError: (exclusive) the lock was not free within the lock timeout.
             PersistenceError: the database cannot be reached (nothing is held, ``mem`` is unchanged).
         """
         self.abort()
+        exclusive = exclusive or time.monotonic() < self._contended_until
         try:
-            if exclusive:
-                self._writes.hold(self._ns)
+            if exclusive and self._writes.hold(self._ns):  # it waited: writers still collide
+                self._contended_until = time.monotonic() + CONTENTION_WINDOW
             self.sync(mem)
         except BaseException:
             self.abort()
@@ -606,6 +617,7 @@ class PostgresStore(Store):
         def write(cur: psycopg.Cursor[Any]) -> int:
             stored, _ = self._ns_row(cur)
             if stored != base:
+                self._contended_until = time.monotonic() + CONTENTION_WINDOW
                 raise WriteConflictError(
                     f"Could not commit the change to {self._in} {self.db.location}: another process "
                     f"committed change {stored} to it while this process computed its change from change "
