@@ -367,6 +367,13 @@ def _scores(store: Any, query: str) -> dict[str, float | None]:
     return {i.key: i.score for i in store.search(NS, query=query, limit=10)}
 
 
+def test_langgraph_store_takes_the_lock_timeout_from_its_url(pg_url):
+    with _lg_store(f"{pg_url}&lock_timeout=2") as s:
+        s.put(NS, "a", {"text": "My dog is called Luna."})
+        assert s.get_memory(NS)._durable.db.lock_timeout == 2
+        assert s.get(NS, "a").value == {"text": "My dog is called Luna."}
+
+
 def test_langgraph_store_a_landed_item_commit_is_a_success(pg_url, monkeypatch):
     with _lg_store(pg_url) as s:
         s.put(NS, "a", {"text": "My dog is called Luna."})
