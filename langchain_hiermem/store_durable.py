@@ -16,9 +16,12 @@ Open it with ``HierMemStore.from_conn_string(conn)``: ``conn`` is the path of an
 A run of puts first adds the new texts to each namespace's memory (each add is committed by the
 memory's store), then writes the items and their leaves in ONE transaction, then deletes the replaced
 texts from the memories. If the item transaction fails, the new texts are deleted again: items and
-memories are as before. A process killed between two of these steps leaves memory leaves that no item
-records; they are deleted when the namespace's memory is next opened, so a reopened store has exactly
-the items whose write was committed, each indexed by its own texts.
+memories are as before. If its ``COMMIT`` got no reply, the server is asked whether it landed: if it
+did, the put succeeded; if the server cannot tell (:class:`~shared_core.types.CommitUnknownError`), the
+new texts are kept and the store reloads its items from the database before its next operation, which
+reconciles the memories with them as a reopen does. A process killed between two of these steps leaves
+memory leaves that no item records; they are deleted when the namespace's memory is next opened, so a
+reopened store has exactly the items whose write was committed, each indexed by its own texts.
 
 One process owns a store at a time (SQLite: an exclusive lock on the file; PostgreSQL: a session
 advisory lock), so the items kept in RAM never go stale; a second opener gets :class:`PersistenceError`.
@@ -44,7 +47,13 @@ from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, P
 from shared_core.base import HierarchicalMemory
 from shared_core.namespaces import MemoryStore
 from shared_core.stores.namespace import MAX_PARTS, namespace_key, normalize_namespace
-from shared_core.types import HierMemError, InvalidInputError, NodeNotFoundError, PersistenceError
+from shared_core.types import (
+    CommitUnknownError,
+    HierMemError,
+    InvalidInputError,
+    NodeNotFoundError,
+    PersistenceError,
+)
 
 from .retrievers import HierMemRetriever
 from .store import HierMemStore, MemoryFactory, Namespace, _Added, _as_namespace, _Space
@@ -139,6 +148,7 @@ class DurableHierMemStore(HierMemStore):
         self._item_pos: dict[tuple[Namespace, str], int] = {}
         self._next_space = self._next_item = 0
         self._seq = 0
+        self._resync = False  # an item COMMIT's outcome is unknown: reload the items first
         self._db: _ItemsDB
         self._memories: MemoryStore | None = None
         if kind == "sqlite":
@@ -214,6 +224,29 @@ class DurableHierMemStore(HierMemStore):
         if self._closed or self._memories is None:
             raise PersistenceError(f"The LangGraph store {self.location} is closed; open it again.")
         return self._memories
+
+    def _start(self) -> None:
+        """Before an operation: the store is open, and its items are those of the database (reloaded
+        after a write whose outcome was unknown; each memory is then reconciled with them on first use,
+        as after a reopen).
+
+        Raises:
+            PersistenceError: the store is closed, or the items cannot be reloaded (tried again next time).
+        """
+        self._check_open()
+        if not self._resync:
+            return
+        saved = (dict(self._spaces), dict(self._space_pos), dict(self._item_pos), set(self._probed))
+        self._spaces.clear()
+        self._space_pos.clear()
+        self._item_pos.clear()
+        self._probed.clear()
+        try:
+            self._load()
+        except BaseException:
+            self._spaces, self._space_pos, self._item_pos, self._probed = saved
+            raise
+        self._resync = False
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
@@ -349,7 +382,7 @@ class DurableHierMemStore(HierMemStore):
             PersistenceError: the store is closed, or the memory cannot be opened.
         """
         with self._lock:
-            self._check_open()
+            self._start()
             return super().get_memory(namespace)
 
     def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
@@ -368,7 +401,7 @@ class DurableHierMemStore(HierMemStore):
         """
         ns = self._durable_namespace(_as_namespace(namespace))
         with self._lock:
-            self._check_open()
+            self._start()
             self._created = []
             retriever = super().as_retriever(ns, **kwargs)
             if ns not in self._space_pos:
@@ -391,7 +424,7 @@ class DurableHierMemStore(HierMemStore):
                 name (more than 7 labels, a blank label, control characters, over 256 characters).
         """
         with self._lock:
-            self._check_open()
+            self._start()
             return super().batch(ops)
 
     @staticmethod
@@ -481,7 +514,17 @@ class DurableHierMemStore(HierMemStore):
                 stmts.append((_UPSERT_ITEM, (nsk, key, value, created, stamp, pos, _dumps(leaves))))
         if not stmts:
             return
-        self._seq = self._db.write(self._seq, stmts)
+        try:
+            self._seq = self._db.write(self._seq, stmts)
+        except CommitUnknownError:
+            # the items may be stored: keep the new texts (and the memories created for them), and
+            # reload the items before the next operation, which reconciles the memories with them
+            self._resync = True
+            self._created = []
+            for a in added:
+                a.leaves.clear()
+                a.texts.clear()
+            raise
         self._space_pos.update(space_pos)
         self._next_space = next_space
         for k in gone:

@@ -14,7 +14,10 @@ schema ``hiermem_langgraph``::
 an exclusive lock on the file; PostgreSQL: a session advisory lock); a second opener gets
 :class:`~shared_core.types.PersistenceError`. A file or schema that is not a hiermem LangGraph store is
 refused before anything is written into it. A write runs its statements in ONE transaction that also
-advances ``seq``, and only when ``seq`` is still the one this process last wrote.
+advances ``seq``, and only when ``seq`` is still the one this process last wrote. When the connection
+breaks during a PostgreSQL ``COMMIT``, the server is asked on a fresh connection (``txid_status``)
+whether it landed: committed is a successful write, aborted a failed one that changed nothing, and
+when the server cannot tell, :class:`~shared_core.types.CommitUnknownError`.
 
 References:
     LangGraph ``PostgresStore.from_conn_string`` / ``SqliteStore.from_conn_string``;
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared_core.stores import is_postgres_url
-from shared_core.types import InvalidInputError, PersistenceError, VersionMismatchError
+from shared_core.types import CommitUnknownError, InvalidInputError, PersistenceError, VersionMismatchError
 
 if TYPE_CHECKING:
     import psycopg
@@ -305,11 +308,12 @@ class _PostgresItems(_ItemsDB):
     """
 
     def __init__(self, url: str) -> None:
-        from shared_core.stores.postgres import parse_url  # InvalidInputError without psycopg
+        from shared_core.stores.pg_connection import parse_url, split_url  # InvalidInputError without psycopg
 
         params, self.location = parse_url(url)
         self.prefix = f"{SCHEMA}."
-        self._url = url.strip()
+        self._url = split_url(url)[0]  # without hiermem's own parameters (lock_timeout=)
+        self._timeout = float(params.get("connect_timeout") or 10)
         self._kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
             self._kwargs["connect_timeout"] = 10
@@ -333,7 +337,7 @@ class _PostgresItems(_ItemsDB):
     def _connect(self) -> psycopg.Connection[Any]:
         import psycopg
 
-        from shared_core.stores.postgres import first_line
+        from shared_core.stores.pg_connection import first_line
 
         try:
             return psycopg.connect(self._url, **self._kwargs)
@@ -383,7 +387,7 @@ class _PostgresItems(_ItemsDB):
     def _error(self, e: BaseException, what: str) -> PersistenceError:
         import psycopg
 
-        from shared_core.stores.postgres import first_line
+        from shared_core.stores.pg_connection import first_line
 
         if isinstance(e, PersistenceError):
             return e
@@ -486,30 +490,54 @@ class _PostgresItems(_ItemsDB):
         """Run ``statements`` in one transaction (see :meth:`_ItemsDB.write`).
 
         A connection found dead by the transaction's first statement (e.g. after a server restart) is
-        replaced and the transaction run once more; nothing of it had reached the server.
+        replaced and the transaction run once more; nothing of it had reached the server. When the
+        ``COMMIT`` fails, the server is asked on a fresh connection whether it landed (``txid_status``):
+        if it did, the write succeeded.
+
+        Raises:
+            CommitUnknownError: the ``COMMIT`` got no reply and the server cannot tell whether it landed.
+            PersistenceError: the write failed and changed nothing.
         """
         import psycopg
 
+        from shared_core.stores.pg_connection import ask_commit_outcome, first_line
+
         for attempt in (0, 1):
             conn = self.conn
-            started = False
+            started = committing = False
+            xid = 0
             try:
                 with conn.transaction(), conn.cursor() as cur:
                     row = cur.execute(
-                        f"SELECT value FROM {SCHEMA}.meta WHERE key = 'seq' FOR UPDATE"
+                        f"SELECT value, txid_current() FROM {SCHEMA}.meta WHERE key = 'seq' FOR UPDATE"
                     ).fetchone()
                     started = True
                     stored = json.loads(row[0]) if row is not None else None
                     if stored != seq:
                         raise self._changed(seq, stored)
+                    xid = int(row[1])  # type: ignore[index]
                     for sql, params in statements:
                         cur.execute(self.sql(sql).replace("?", "%s"), params)
                     cur.execute(f"UPDATE {SCHEMA}.meta SET value = %s WHERE key = 'seq'", (str(seq + 1),))
+                    committing = True  # leaving the block sends COMMIT
             except Exception as e:
                 if isinstance(e, psycopg.OperationalError) and not started and attempt == 0:
                     self._drop()
                     continue
-                raise self._error(e, "write the items to") from None
+                err = self._error(e, "write the items to")
+                if not committing:
+                    raise err from None
+                outcome = ask_commit_outcome(self._connect, xid, self._timeout)
+                if outcome:
+                    return seq + 1  # the COMMIT landed; only its reply was lost
+                if outcome is None:
+                    raise CommitUnknownError(
+                        f"The connection to PostgreSQL was lost during the COMMIT of the items of the "
+                        f"LangGraph store in {self.location}, and the server cannot be asked whether it "
+                        f"landed ({first_line(e)}): the items may or may not be stored. The store reloads "
+                        "its items before its next operation; check them before retrying."
+                    ) from None
+                raise err from None
             return seq + 1
         raise AssertionError("unreachable")  # pragma: no cover
 

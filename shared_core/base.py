@@ -14,7 +14,7 @@ import copy
 import inspect
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -28,7 +28,7 @@ from .models.extractive import holds_words, split_sentences
 from .persist import load_memory, save_memory
 from .ranking import ADMISSIBLE, RELEVANCE_KINDS, Ranking, TokenBudget, check_choice, count_tokens
 from .relevance import check_weight
-from .stores import Store, attach_store, connect, open_memory
+from .stores import Store, WriteConflictError, attach_store, connect, open_memory
 from .stores.encoding import MEMORY_FORMAT
 from .structure import NodeArrays
 from .tree import Node, NodeStore
@@ -295,22 +295,22 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             check_message(m, self.max_message_chars, i)
         t0 = time.perf_counter()
         report = AddReport()
+
+        def insert() -> None:
+            report.details.clear()  # a recomputed attempt starts over
+            report.leaf_ids.clear()
+            if self.prefetch_messages and len(messages) > 1:
+                self._prefetch(messages, report.usage)
+            for m in messages:
+                report.details.append(self._insert(m, report.usage))
+                report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
+            # new leaves first: their sentences' vectors come with them, before any summary is made
+            self._embed_pending(report.usage, leaves_only=True)
+            self._before_commit(report.usage)
+            self._embed_pending(report.usage)
+
         with self._lock:
-            self._begin(report.usage)
-            try:
-                if self.prefetch_messages and len(messages) > 1:
-                    self._prefetch(messages, report.usage)
-                for m in messages:
-                    report.details.append(self._insert(m, report.usage))
-                    report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
-                # new leaves first: their sentences' vectors come with them, before any summary is made
-                self._embed_pending(report.usage, leaves_only=True)
-                self._before_commit(report.usage)
-                self._embed_pending(report.usage)
-                self._commit()
-            except BaseException:
-                self._rollback()
-                raise
+            self._transaction(report.usage, insert)
             self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
 
@@ -339,26 +339,29 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             NodeNotFoundError: no such node or source id.
             PersistenceError: the durable store could not commit the deletion (nothing is deleted).
         """
-        with self._lock:
-            if isinstance(key, bool):
-                raise InvalidInputError("delete takes a node id (int) or a source id (str).")
-            self._sync_store()
+        if isinstance(key, bool):
+            raise InvalidInputError("delete takes a node id (int) or a source id (str).")
+        usage = Usage()
+        leaves: list[int] = []
+
+        def find() -> None:
             if isinstance(key, (int, np.integer)) and int(key) in self._store:
-                leaves = self._store.leaves_under(int(key))
+                leaves[:] = self._store.leaves_under(int(key))
             elif isinstance(key, str) and key in self._store.by_source:
-                leaves = list(self._store.by_source[key])
+                leaves[:] = self._store.by_source[key]
             else:
                 raise NodeNotFoundError(f"No node or source id {key!r} in this memory.")
-            usage = Usage()
-            self._begin(usage)
-            try:
-                self._delete_leaves(leaves, usage)
-                self._before_commit(usage)
-                self._embed_pending(usage)
-                self._commit()
-            except BaseException:
-                self._rollback()
-                raise
+
+        def remove() -> None:
+            find()  # again: the transaction caught up with the other processes first
+            self._delete_leaves(leaves, usage)
+            self._before_commit(usage)
+            self._embed_pending(usage)
+
+        with self._lock:
+            self._sync_store()
+            find()
+            self._transaction(usage, remove)
             return len(leaves)
 
     def _forgotten_texts(self, changed: set[int], removed: set[int]) -> list[str]:
@@ -456,10 +459,13 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
                 seq = self._durable.seq + 1
                 try:
                     self._durable.clear(self)
-                except BaseException:
-                    if self._durable.landed(seq):  # cleared on disk: clear in memory too
-                        self._reset()
-                    raise
+                except BaseException as e:
+                    if not self._durable.landed(seq):
+                        raise
+                    self._reset()  # cleared in the database (its reply was lost): cleared here too
+                    if not isinstance(e, Exception):
+                        raise
+                    return
             self._reset()
 
     def _reset(self) -> None:
@@ -497,11 +503,48 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
     # FAISS index (journaled too) and writes it to the durable store, whose COMMIT is the last step that
     # can fail; only then are the journals closed. An exception at any point before that (a model error,
     # a failed index update or SQLite write, KeyboardInterrupt, MemoryError) reaches _rollback, which
-    # undoes the store, the state and the index. If the durable COMMIT landed and the exception came
-    # after it, the change is kept in memory too (memory and disk agree) and the exception propagates.
-    def _begin(self, usage: Usage) -> None:
-        if self._durable is not None:  # a shared store takes its writer lock and catches up first
-            self._durable.begin(self)
+    # undoes the store, the state and the index. If the durable COMMIT landed although the write raised
+    # (its reply was lost, or an interrupt came right after it), the change is kept in memory too (memory
+    # and disk agree): the call succeeds, or an interrupt (not an Exception) propagates. If the store
+    # cannot tell (CommitUnknownError), the memory rolls back and the store reloads it before its next
+    # operation. A shared store computes a transaction with no lock held; when another process committed
+    # meanwhile, its commit raises WriteConflictError and _transaction runs the transaction again from
+    # _begin (which catches up, and this time holds the store's writer lock until the write ends), at most
+    # the store's write_attempts times in all.
+    def _transaction(self, usage: Usage, body: Callable[[], None]) -> None:
+        """Run ``body`` (the changes of one add / delete / flush, models called) as one transaction:
+        :meth:`_begin`, ``body()``, :meth:`_commit`; anything raised rolls it back. Call with the lock held.
+
+        Raises:
+            NamespaceBusyError: every attempt was overtaken by another process's commit.
+            Whatever ``body`` or the store raised (the memory is as before).
+        """
+        attempts = max(1, int(getattr(self._durable, "write_attempts", 1)))
+        for attempt in range(1, attempts + 1):
+            self._begin(usage, exclusive=attempt > 1)
+            try:
+                body()
+                self._commit()
+            except WriteConflictError as e:
+                self._rollback()
+                if attempt < attempts:
+                    continue  # computed from a stale state: catch up and compute again
+                raise WriteConflictError(
+                    f"{e} Gave up after {attempts} attempts: the namespace is busy; nothing was changed, "
+                    "try again later.",
+                    namespace=e.namespace,
+                ) from None
+            except BaseException:
+                self._rollback()
+                raise
+            return
+
+    def _begin(self, usage: Usage, exclusive: bool = False) -> None:
+        if self._durable is not None:  # a shared store catches up with the other processes first
+            if exclusive:
+                self._durable.begin(self, exclusive=True)
+            else:  # (a store of one process may define begin(mem) alone)
+                self._durable.begin(self)
         self._store.begin()
         self._tx_usage = usage
         self._pending = {}
@@ -530,9 +573,11 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             try:
                 self._durable.commit(self)
             except BaseException as e:
-                if not self._durable.landed(seq):
+                if not self._durable.landed(seq):  # CommitUnknownError when the store cannot tell
                     raise
-                interrupted = e  # the change is on disk: keep it in memory as well
+                # the change is in the database: keep it in memory as well; an error (its reply was
+                # lost) is then no failure, an interrupt still propagates
+                interrupted = None if isinstance(e, Exception) else e
         # nothing below depends on the data: the change is now acknowledged
         if self._index is not None:
             self._index.commit()

@@ -10,6 +10,7 @@ from typing import Any, Union
 
 __all__ = [
     "AddReport",
+    "CommitUnknownError",
     "Completion",
     "EmbeddingError",
     "HierMemError",
@@ -25,6 +26,7 @@ __all__ = [
     "Message",
     "MessageLike",
     "ModelError",
+    "NamespaceBusyError",
     "NodeNotFoundError",
     "PersistenceError",
     "UnknownPolicyError",
@@ -72,6 +74,27 @@ class PersistenceError(HierMemError, OSError):
 
 class VersionMismatchError(PersistenceError):
     """A saved memory was written by an incompatible format version."""
+
+
+class NamespaceBusyError(PersistenceError):
+    """A write found a namespace of a shared store busy: its writer lock was not free within the lock
+    timeout, or other processes kept committing to it while this write computed its change (every
+    attempt was recomputed from their changes). Nothing was written; trying again later is safe.
+
+    Attributes:
+        namespace: the busy namespace (a tuple of strings), when known.
+    """
+
+    def __init__(self, message: str, *, namespace: tuple[str, ...] | None = None) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+
+
+class CommitUnknownError(PersistenceError):
+    """The connection was lost during a ``COMMIT`` and the server could not be asked whether it landed:
+    the change may or may not be stored. The process reloads its state from the database before its
+    next operation, so it then shows whichever is true; check before retrying (a retry may store the
+    change twice)."""
 
 
 # --------------------------------------------------------------------------- messages

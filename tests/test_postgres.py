@@ -195,15 +195,15 @@ def test_two_memories_see_each_others_changes(kind, pg_url, monkeypatch):
 
 # --------------------------------------------------------------------------- failed commits
 def _terminate_own_backend(cluster: Any, url: str) -> Callable[..., Any]:
-    """A PostgresStore.commit that first kills its own server process (a dropped connection)."""
-    real = PostgresStore.commit
+    """A PostgresStore._write_meta (inside the write transaction, the node rows written) that first kills
+    its own server process (a dropped connection)."""
+    real = PostgresStore._write_meta
 
-    def commit(self: PostgresStore, mem: Any) -> None:
-        assert self._conn is not None
-        cluster.execute(_dbname(url), "SELECT pg_terminate_backend(%s)", (self._conn.info.backend_pid,))
-        real(self, mem)
+    def write_meta(self: PostgresStore, cur: Any, items: Any) -> None:
+        cluster.execute(_dbname(url), "SELECT pg_terminate_backend(%s)", (cur.connection.info.backend_pid,))
+        real(self, cur, items)
 
-    return commit
+    return write_meta
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -227,7 +227,7 @@ def test_failed_commit_leaves_memory_and_database_unchanged(kind, op, point, pg_
         monkeypatch.setattr(PostgresStore, "_write_meta", fault.wrap(PostgresStore._write_meta))
         expected = KeyboardInterrupt
     else:  # the server ends the connection: a real OperationalError
-        monkeypatch.setattr(PostgresStore, "commit", _terminate_own_backend(pg_cluster, pg_url))
+        monkeypatch.setattr(PostgresStore, "_write_meta", _terminate_own_backend(pg_cluster, pg_url))
         expected = PersistenceError
 
     def run(m: HierarchicalMemory) -> None:
@@ -326,36 +326,43 @@ class _RestartingEmbedder(HashEmbedder):
 
 
 def test_server_crash_in_the_middle_of_an_add(pg_cluster, pg_url):
+    """The server crashes and restarts while an add calls its models: no transaction is open then, so
+    the add writes its change on a new connection and succeeds."""
     emb = _RestartingEmbedder(pg_cluster)
     mem = _open("segtree", pg_url, "crash", embedder=emb)
     mem.add([message_text(i) for i in range(4)])
-    before = stripped(mem.to_dict())
     emb.armed = True
-    with pytest.raises(PersistenceError):
-        mem.add(message_text(4))
-    assert stripped(mem.to_dict()) == before
+    mem.add(message_text(4))
+    assert not emb.armed
     mem.add(message_text(5))
     back = _open("segtree", pg_url, "crash")
-    check_tree(back, [*(message_text(i) for i in range(4)), message_text(5)])
+    check_tree(back, [message_text(i) for i in range(6)])
+    assert stripped(back.to_dict()) == stripped(mem.to_dict())
     mem.close_store()
     back.close_store()
 
 
 # --------------------------------------------------------------------------- concurrency
 class _GateEmbedder(HashEmbedder):
-    """Blocks inside ``embed`` (inside an add, holding the namespace's writer lock) while armed."""
+    """Blocks inside ``embed`` (inside an add, computing its change) when armed by :meth:`hold`, until
+    that hold's ``release`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.armed = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
+        self._next: tuple[threading.Event, threading.Event, Callable[[], bool]] | None = None
+
+    def hold(self, when: Callable[[], bool] = lambda: True) -> tuple[threading.Event, threading.Event]:
+        """Block the next call of ``embed`` made while ``when()`` is true; returns ``(entered, release)``
+        of that call."""
+        self._next = (threading.Event(), threading.Event(), when)
+        return self._next[0], self._next[1]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if self.armed:
-            self.armed = False
-            self.entered.set()
-            assert self.release.wait(120)
+        gate = self._next
+        if gate is not None and gate[2]():
+            self._next = None
+            gate[0].set()
+            assert gate[1].wait(120)
         return super().embed(texts)
 
 
@@ -368,37 +375,62 @@ def _waiting_for_lock(cluster: Any, url: str) -> int:
     return int(rows[0][0])
 
 
-def test_writers_of_a_namespace_wait_readers_and_other_namespaces_do_not(pg_cluster, pg_url):
-    gate = _GateEmbedder()
-    slow = SegTreeMem.open(pg_url, embedder=gate, namespace="one")
-    slow.add("first message about cooking")
-    peer = SegTreeMem.open(pg_url, embedder=HashEmbedder(), namespace="one")
-    reader = SegTreeMem.open(pg_url, embedder=HashEmbedder(), namespace="one")
-    elsewhere = SegTreeMem.open(pg_url, embedder=HashEmbedder(), namespace="two")
-
-    gate.armed = True
-    slow_add = _in_thread(lambda: slow.add("slow writer message about dogs"))
-    assert gate.entered.wait(120)  # slow holds the writer lock of "one" now
-    peer_add = _in_thread(lambda: peer.add("peer message about travel"))
-    deadline = time.monotonic() + 120
-    while _waiting_for_lock(pg_cluster, pg_url) == 0:  # the peer waits for the lock in the database
-        assert time.monotonic() < deadline, "the second writer never waited for the namespace lock"
+def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
         time.sleep(0.05)
-    # meanwhile a reader of "one" and a writer of "two" go ahead
-    hits = _finish(*_in_thread(lambda: reader.retrieve("message", k=5, policy="collapsed")))
-    assert [h.text for h in hits] == ["first message about cooking"]
-    _finish(*_in_thread(lambda: elsewhere.add("another namespace, another writer")))
-    assert peer_add[0].is_alive()
 
-    gate.release.set()
+
+def test_a_slow_writer_holds_no_lock_until_it_was_overtaken(pg_cluster, pg_url):
+    """A writer computing its change (a slow model call) holds no lock and no connection: a writer of
+    the same namespace, a reader and a writer of another namespace go ahead. Overtaken, the slow writer
+    computes its change again holding the namespace's lock: a writer of its namespace then waits for it
+    in the database (readers and other namespaces still do not), and every write is applied once, each
+    computed from all the writes committed before it."""
+    url = f"{pg_url}&lock_timeout=120"
+    gate = _GateEmbedder()
+    slow = SegTreeMem.open(url, embedder=gate, namespace="one")
+    slow.add("first message about cooking")
+    peer = SegTreeMem.open(url, embedder=HashEmbedder(), namespace="one")
+    reader = SegTreeMem.open(url, embedder=HashEmbedder(), namespace="one")
+    elsewhere = SegTreeMem.open(url, embedder=HashEmbedder(), namespace="two")
+
+    entered, release = gate.hold()
+    slow_add = _in_thread(lambda: slow.add("slow writer message about dogs"))
+    assert entered.wait(120)  # slow computes its change (first attempt: no lock held)
+    _finish(*_in_thread(lambda: peer.add("peer message about travel")), timeout=60)
+    assert _waiting_for_lock(pg_cluster, pg_url) == 0
+    hits = _finish(*_in_thread(lambda: reader.retrieve("message", k=5, policy="collapsed")))
+    assert sorted(h.text for h in hits) == ["first message about cooking", "peer message about travel"]
+    _finish(*_in_thread(lambda: elsewhere.add("another namespace, another writer")))
+    assert slow_add[0].is_alive()
+
+    # the second attempt blocks too, now holding the namespace's lock
+    entered2, release2 = gate.hold(lambda: slow._durable._writes.holding)
+    release.set()  # let the first attempt go on: its commit finds the peer's change
+    assert entered2.wait(120)
+    peer_add = _in_thread(lambda: peer.add("second peer message about music"))
+    _wait_for(lambda: _waiting_for_lock(pg_cluster, pg_url) > 0, "the peer never waited for the lock")
+    hits = _finish(*_in_thread(lambda: reader.retrieve("message", k=5, policy="collapsed")))
+    assert len(hits) == 2
+    _finish(*_in_thread(lambda: elsewhere.add("the other namespace again")))
+    assert peer_add[0].is_alive() and slow_add[0].is_alive()
+
+    release2.set()
     _finish(*slow_add)
     _finish(*peer_add)
-    want = ["first message about cooking", "slow writer message about dogs", "peer message about travel"]
+    want = [
+        "first message about cooking",
+        "peer message about travel",
+        "slow writer message about dogs",
+        "second peer message about music",
+    ]
     assert _leaf_texts(peer) == want
     slow.refresh()
     assert stripped(slow.to_dict()) == stripped(peer.to_dict())
     check_tree(slow, want)
-    assert _leaf_texts(elsewhere) == ["another namespace, another writer"]
+    assert _leaf_texts(elsewhere) == ["another namespace, another writer", "the other namespace again"]
     for m in (slow, peer, reader, elsewhere):
         m.close_store()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..types import InvalidInputError
-from .base import Store, attach_store, check_embedder_dim, open_memory
+from .base import Store, WriteConflictError, attach_store, check_embedder_dim, open_memory
 from .namespace import Namespace, NamespaceLike, normalize_namespace
 from .sqlite import SYNCHRONOUS, DurableStore, SQLiteStore
 
@@ -33,6 +33,7 @@ __all__ = [
     "PostgresStore",
     "SQLiteStore",
     "Store",
+    "WriteConflictError",
     "attach_store",
     "check_embedder_dim",
     "connect",

@@ -2,12 +2,16 @@
 
 A memory with a store calls it at fixed points of every transaction (see ``HierarchicalMemory``):
 
-- ``begin(mem)`` before an ``add`` / ``delete`` starts: a shared store takes its writer lock for the
-  memory's namespace and brings ``mem`` up to date with what other processes committed;
+- ``begin(mem)`` before an ``add`` / ``delete`` starts: a shared store brings ``mem`` up to date with
+  what other processes committed (it holds no lock and no transaction while the memory computes);
 - ``commit(mem)`` with the transaction complete in memory: writes it in one database transaction (the
-  change is acknowledged only when this returns);
-- ``abort()`` when the transaction failed before or inside ``commit`` (releases the lock);
-- ``landed(seq)`` when ``commit`` or ``clear`` raised: whether the write was committed all the same;
+  change is acknowledged only when this returns). A shared store raises :class:`WriteConflictError`
+  when another process committed since ``begin``; the memory then rolls back and runs the transaction
+  again from ``begin(mem, exclusive=True)``, which holds the store's writer lock until the write ends
+  (at most :attr:`Store.write_attempts` attempts in all);
+- ``abort()`` when the transaction failed before or inside ``commit``;
+- ``landed(seq)`` when ``commit`` or ``clear`` raised: whether the write was committed all the same
+  (``True`` / ``False``), or :class:`~shared_core.types.CommitUnknownError` when that cannot be told;
 - ``sync(mem)`` before a retrieval: brings ``mem`` up to date without taking any lock;
 - ``clear(mem)``, ``initialize(mem)``, ``meta()``, ``load_into(mem)``, ``close()``.
 
@@ -22,16 +26,23 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from ..types import InvalidInputError, PersistenceError, UnknownPolicyError
+from ..types import InvalidInputError, NamespaceBusyError, PersistenceError, UnknownPolicyError
 from .encoding import check_memory_format, dumps
 
 if TYPE_CHECKING:
     from ..base import HierarchicalMemory
     from ..models.base import LLM, Embedder
 
-__all__ = ["Store", "attach_store", "check_embedder_dim", "open_memory"]
+__all__ = ["Store", "WriteConflictError", "attach_store", "check_embedder_dim", "open_memory"]
 
 M = TypeVar("M", bound="HierarchicalMemory")
+
+
+class WriteConflictError(NamespaceBusyError):
+    """Raised by a shared store's :meth:`Store.commit`: another process committed to the store since
+    :meth:`Store.begin`, so the change was computed from an old state; nothing was written. The memory
+    rolls back and computes the change again; when every attempt is overtaken the caller gets this
+    error (a :class:`~shared_core.types.NamespaceBusyError`)."""
 
 
 class Store(abc.ABC):
@@ -44,6 +55,9 @@ class Store(abc.ABC):
 
     FORMAT: ClassVar[int]
     location: str
+    #: How many times a memory computes a write whose :meth:`commit` raises :class:`WriteConflictError`
+    #: (a store that one process owns never raises it).
+    write_attempts: int = 1
 
     # ------------------------------------------------------------------ change sequence
     @property
@@ -59,7 +73,11 @@ class Store(abc.ABC):
             seq: the number the write was to get (:attr:`seq` + 1 before it started).
 
         Returns:
-            ``True`` when the database holds that write; any failure to find out counts as ``False``.
+            ``True`` when the database holds that write, ``False`` when it does not.
+
+        Raises:
+            CommitUnknownError: the store cannot tell (a shared store whose server went away during
+                the ``COMMIT``); it then reloads the memory from the database at its next catch-up.
         """
 
     # ------------------------------------------------------------------ reading
@@ -101,11 +119,17 @@ class Store(abc.ABC):
             PersistenceError: the write failed (nothing is written).
         """
 
-    def begin(self, mem: HierarchicalMemory) -> None:  # noqa: B027
-        """Prepare a write of ``mem``: take the store's writer lock when it has one, then catch up.
+    def begin(self, mem: HierarchicalMemory, exclusive: bool = False) -> None:  # noqa: B027
+        """Prepare a write of ``mem``: a shared store catches up with what other writers committed.
+
+        Args:
+            mem: the memory.
+            exclusive: the write is computed again after a :class:`WriteConflictError`: a shared store
+                then holds its writer lock until the write ends, so it cannot be overtaken again.
 
         Raises:
-            PersistenceError: the store cannot be reached (nothing is locked, ``mem`` is unchanged).
+            NamespaceBusyError: (exclusive) the writer lock was not free in time.
+            PersistenceError: the store cannot be reached (nothing is held, ``mem`` is unchanged).
         """
 
     @abc.abstractmethod
@@ -114,7 +138,10 @@ class Store(abc.ABC):
         whose text changed, state, usage and counters) in one database transaction.
 
         Raises:
-            PersistenceError: the write failed; nothing is written and the caller rolls back.
+            WriteConflictError: another writer committed since :meth:`begin` (nothing is written; the
+                caller rolls back and may compute the change again).
+            PersistenceError: the write failed; the caller asks :meth:`landed`, and rolls back unless
+                it landed.
         """
 
     def abort(self) -> None:  # noqa: B027

@@ -3,12 +3,36 @@
 Every process that opens a namespace holds the memory in RAM (node store and FAISS index, rebuilt from
 the database on first open) and keeps it in step with the database:
 
-- **writes** (``add``, ``delete``, ``clear``, xMemory's ``flush``) run in one database transaction
-  that first takes a transaction-level advisory lock keyed by the namespace
-  (``pg_advisory_xact_lock``), so writers of one namespace are serialised by the database while
-  writers of different namespaces run in parallel; under the lock the process applies what the others
-  committed, computes the change, writes it and commits. Acknowledged means committed: ``add`` returns
-  only after ``COMMIT``.
+- **writes** (``add``, ``delete``, xMemory's ``flush``) are computed with no transaction open and no
+  connection held, then written in one short transaction (optimistic concurrency):
+
+  1. *catch up*: apply what other processes committed since the memory's change sequence (a read-only
+     snapshot, as for a retrieval) and remember that sequence number, ``s``;
+  2. *compute*: the memory inserts the messages and calls its models (embedder, summariser, LLM) in
+     RAM, however long they take;
+  3. *write*: a ``READ COMMITTED`` transaction takes the namespace's advisory lock
+     (``pg_advisory_xact_lock``, waiting at most the lock timeout, then
+     :class:`~shared_core.types.NamespaceBusyError` naming the namespace), checks that the namespace's
+     sequence is still ``s``, writes the rows the change touched, sets the sequence to ``s + 1`` and
+     commits, which releases the lock. Acknowledged means committed: ``add`` returns only after
+     ``COMMIT``.
+
+  When another process committed to the namespace between 1 and 3, nothing is written (it was
+  computed from an old state): the memory rolls its change back and runs it again, this time first
+  taking the namespace's lock at *session* level (``pg_advisory_lock``, the same bounded wait) on a
+  connection of its own, outside the pools and with no transaction open, which it holds through the
+  catch-up, the model calls and the write; so the second attempt cannot be overtaken and a busy
+  namespace makes progress (``write_attempts`` attempts in all, default :data:`WRITE_ATTEMPTS`, then
+  ``NamespaceBusyError``). Writers of that namespace wait for it at their step 3, at most the lock
+  timeout. While writers keep colliding (a conflict, or a wait for that lock, in the last
+  :data:`CONTENTION_WINDOW` seconds) a store computes every write that way, which spares the attempts
+  that would be overtaken (the lock connections are kept for reuse, at most ``pool_size``, a minute
+  each). So, without contention, the lock is held only while rows are written: a slow model in one
+  process does not make another process wait, ``idle_in_transaction_session_timeout`` never ends a
+  write, a slow add holds no pooled connection (an add in another namespace never waits for it), and
+  writers of one namespace are still serialised (each write is computed from every write committed
+  before it). ``clear`` and the first write of a namespace write without computing and take the lock
+  the same way as step 3.
 - **reads** (``retrieve``) first apply what other processes committed since the memory's change
   sequence, in a read-only ``REPEATABLE READ`` snapshot that takes no lock, so a retrieval never waits
   for a writer (of its own namespace or another one).
@@ -24,8 +48,16 @@ the database on first open) and keeps it in step with the database:
   :class:`~shared_core.stores.namespace.NamespaceDeletedError`.
 - **failures**: a dropped connection, a server restart or any database error is a
   :class:`PersistenceError`; the memory is then unchanged (the base rolls its transaction back), the
-  broken connections are dropped from the pools and the next call connects again. When a ``COMMIT``
-  may or may not have reached the server, ``txid_status`` tells whether it landed.
+  broken connections are dropped from the pools and the next call connects again.
+- **a ``COMMIT`` without a reply** (the connection broke while it was on its way): the store asks the
+  server on a fresh connection (``txid_status`` of the transaction) whether it landed. Committed: the
+  write succeeded and the memory keeps the change (the call returns normally). Aborted: the memory rolls
+  back and the error says nothing was changed. Cannot tell (the server is away):
+  :class:`~shared_core.types.CommitUnknownError`; the memory rolls back and reloads the namespace from
+  the database before its next operation, so it then holds whatever the database holds.
+
+Connections, pools, the isolation level, the lock timeout and how errors are reported are in
+:mod:`shared_core.stores.pg_connection`.
 
 Schema (``hiermem``, created on first open or by :meth:`PostgresDatabase.setup`, versioned in
 ``hiermem.version``, :data:`SCHEMA_VERSION`: version 2 added ``readers``, and a version-1 schema is
@@ -51,14 +83,13 @@ References:
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, TypeVar
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ..types import InvalidInputError, PersistenceError, VersionMismatchError
+from ..types import CommitUnknownError, InvalidInputError, PersistenceError, VersionMismatchError
 from . import pg_prune
-from .base import Store
+from .base import Store, WriteConflictError
 from .encoding import (
     NODE_COLUMNS,
     apply_changes,
@@ -70,24 +101,30 @@ from .encoding import (
     restore_rows,
 )
 from .namespace import Namespace, NamespaceDeletedError, NamespaceLike, namespace_key, normalize_namespace
-
-try:
-    import psycopg
-    from psycopg import IsolationLevel
-    from psycopg.conninfo import conninfo_to_dict
-    from psycopg_pool import ConnectionPool, PoolTimeout
-except ImportError as _e:  # pragma: no cover - depends on the installed extras
-    raise InvalidInputError(
-        f"The PostgreSQL store needs psycopg 3 and psycopg_pool ({_e}); install them with "
-        "pip install 'hiermem[postgres]'."
-    ) from None
+from .pg_connection import (  # raises InvalidInputError without psycopg
+    LOCK_CLASS,
+    PostgresConnections,
+    first_line,
+    parse_url,
+)
+from .pg_writes import NamespaceWrites
 
 if TYPE_CHECKING:
+    import psycopg
+
     from ..base import HierarchicalMemory
 
-__all__ = ["FORMAT", "LOCK_CLASS", "SCHEMA", "SCHEMA_VERSION", "PostgresDatabase", "PostgresStore"]
-
-T = TypeVar("T")
+__all__ = [
+    "FORMAT",
+    "LOCK_CLASS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "WRITE_ATTEMPTS",
+    "PostgresDatabase",
+    "PostgresStore",
+    "first_line",
+    "parse_url",
+]
 
 #: Version of the namespace metadata layout (``format``).
 FORMAT = 1
@@ -95,9 +132,15 @@ FORMAT = 1
 SCHEMA_VERSION = 2
 #: The PostgreSQL schema holding the tables.
 SCHEMA = "hiermem"
-#: First key of hiermem's advisory locks (``pg_advisory_xact_lock(LOCK_CLASS, namespace id)``; the
-#: namespace id 0 guards the schema setup). ASCII "hier".
-LOCK_CLASS = 0x68696572
+#: Seconds a store keeps computing its writes under the namespace's lock after it last met another writer
+#: (a commit overtook its change, or it waited for the lock): while writers collide, computing first
+#: without the lock would mostly be wasted.
+CONTENTION_WINDOW = 2.0
+#: How many times a write is computed, at most: first with no lock held; when another process committed
+#: to the namespace meanwhile, again (after catching up) holding the namespace's lock, which no writer can
+#: overtake (a third attempt only when that lock's connection was lost). Then
+#: :class:`~shared_core.types.NamespaceBusyError`.
+WRITE_ATTEMPTS = 3
 
 _NODE_COLS = ", ".join(NODE_COLUMNS)
 _TABLES: dict[str, tuple[str, ...]] = {
@@ -145,90 +188,50 @@ _UPSERT_META = (
     f"INSERT INTO {SCHEMA}.meta (ns, key, value) VALUES (%s, %s, %s) "
     "ON CONFLICT (ns, key) DO UPDATE SET value = EXCLUDED.value"
 )
-_DEFAULT_TIMEOUT = 10.0
 
 
-def first_line(e: BaseException) -> str:
-    """The first line of an error's message (a server's message can be long)."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def parse_url(url: str) -> tuple[dict[str, Any], str]:
-    """The libpq parameters of ``url`` and its name for messages (without the password).
-
-    Raises:
-        InvalidInputError: the URL is malformed.
-    """
-    if not isinstance(url, str):
-        raise InvalidInputError(f"A PostgreSQL URL is a string, got {type(url).__name__}.")
-    try:
-        params = conninfo_to_dict(url.strip())
-    except psycopg.ProgrammingError as e:
-        raise InvalidInputError(
-            f"Malformed PostgreSQL URL ({first_line(e)}); write it as "
-            "postgresql://user:password@host:port/dbname (see the libpq connection URI syntax)."
-        ) from None
-    for port in str(params.get("port") or "").split(","):
-        if port and not port.strip().isdigit():
-            raise InvalidInputError(
-                f"Malformed PostgreSQL URL: the port {port!r} is not a number; write it as "
-                "postgresql://user:password@host:5432/dbname."
-            )
-    if "connect_timeout" in params:
-        try:
-            float(params["connect_timeout"])
-        except (TypeError, ValueError):
-            raise InvalidInputError(
-                f"Malformed PostgreSQL URL: connect_timeout={params['connect_timeout']!r} is not a number."
-            ) from None
-    user = params.get("user")
-    host = params.get("host") or "localhost"
-    port = params.get("port") or "5432"
-    where = f"postgresql://{user + '@' if user else ''}{host}:{port}/{params.get('dbname') or ''}"
-    return params, where
-
-
-class PostgresDatabase:
-    """A PostgreSQL database holding hiermem namespaces: the connection pools and the schema.
+class PostgresDatabase(PostgresConnections):
+    """A PostgreSQL database holding hiermem namespaces: the connection pools (see
+    :class:`~shared_core.stores.pg_connection.PostgresConnections`) and the schema.
 
     Several :class:`PostgresStore` (one per namespace, e.g. those of a ``MemoryStore``) share one
-    database object and its pools. Writers and readers have separate pools, so a retrieval never waits
-    for a connection that a long ``add`` holds.
+    database object and its pools. A connection is lent only for one short transaction, never while a
+    memory calls its models.
 
     Args:
         url: a libpq URL, ``postgresql://user:password@host:port/dbname`` (``?host=/socket/dir`` for a
-            Unix socket; ``connect_timeout=S`` also bounds the wait for a pooled connection, default 10).
+            Unix socket; ``connect_timeout=S`` also bounds the wait for a pooled connection, default 10;
+            ``lock_timeout=S``, read by hiermem, bounds the wait for a namespace's lock, default the
+            connect timeout).
         pool_size: most connections of each pool (writers, readers), default 8.
         setup: create the schema when absent and check it (default ``True``); ``False`` only checks
             that the schema is there (call :meth:`setup` later).
+        lock_timeout: seconds a write waits for a namespace's lock before it fails with
+            :class:`~shared_core.types.NamespaceBusyError` (overrides the URL's ``lock_timeout``).
+        write_attempts: how many times a write is computed when other processes keep committing to its
+            namespace meanwhile, before it fails with :class:`~shared_core.types.NamespaceBusyError`
+            (default :data:`WRITE_ATTEMPTS`).
 
     Raises:
-        InvalidInputError: a malformed URL or ``pool_size``.
+        InvalidInputError: a malformed URL, ``pool_size``, ``lock_timeout`` or ``write_attempts``.
         PersistenceError: the server cannot be reached, refuses the login, or the database has a
             ``hiermem`` schema that is not a hiermem store.
         VersionMismatchError: the schema has another version.
     """
 
-    def __init__(self, url: str, *, pool_size: int = 8, setup: bool = True) -> None:
-        params, self.location = parse_url(url)
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-            raise InvalidInputError(f"pool_size must be a positive integer, got {pool_size!r}.")
-        self.timeout = float(params.get("connect_timeout") or _DEFAULT_TIMEOUT)
-        kwargs: dict[str, Any] = {}
-        if "connect_timeout" not in params:
-            kwargs["connect_timeout"] = int(_DEFAULT_TIMEOUT)
-        if "application_name" not in params:
-            kwargs["application_name"] = "hiermem"
-        self._url = url.strip()
-        self._kwargs = kwargs
-        self._pool_size = pool_size
-        self._closed = False
-        self._broken = False
-        self._lock = threading.Lock()
-        self._lent: dict[int, tuple[psycopg.Connection[Any], ConnectionPool]] = {}
-        self._probe()
-        self._writers, self._readers = self._new_pools()
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        setup: bool = True,
+        lock_timeout: float | None = None,
+        write_attempts: int = WRITE_ATTEMPTS,
+    ) -> None:
+        if isinstance(write_attempts, bool) or not isinstance(write_attempts, int) or write_attempts < 1:
+            raise InvalidInputError(f"write_attempts must be a positive integer, got {write_attempts!r}.")
+        self.write_attempts = write_attempts
+        super().__init__(url, pool_size=pool_size, lock_timeout=lock_timeout)
         try:
             if setup:
                 self.setup()
@@ -240,189 +243,6 @@ class PostgresDatabase:
 
     def __repr__(self) -> str:
         return f"PostgresDatabase({self.location!r})"
-
-    # ------------------------------------------------------------------ connections
-    def _probe(self, again: bool = False) -> None:
-        """Connect once, to tell an unreachable server or a refused login apart from other errors."""
-        try:
-            psycopg.connect(self._url, **self._kwargs).close()
-        except psycopg.Error as e:
-            if again:
-                raise PersistenceError(
-                    f"The connection to PostgreSQL at {self.location} was lost and cannot be made again "
-                    f"({first_line(e)}). Check that the server is running and reachable; nothing was "
-                    "changed, and the next call connects again."
-                ) from None
-            raise PersistenceError(
-                f"Cannot connect to PostgreSQL at {self.location}: {first_line(e)}. Check that the server "
-                "is running and reachable and that the URL's host, port, database name, user and password "
-                "are right (create the database first, e.g. createdb)."
-            ) from None
-
-    def _new_pools(self) -> tuple[ConnectionPool, ConnectionPool]:
-        common: dict[str, Any] = {
-            "kwargs": self._kwargs,
-            "min_size": 1,
-            "max_size": self._pool_size,
-            "open": False,
-            "timeout": self.timeout,
-            "num_workers": 1,  # connections are made rarely: at open, on growth, after a failure
-        }
-        writers: ConnectionPool = ConnectionPool(self._url, name="hiermem-writers", **common)
-        readers: ConnectionPool = ConnectionPool(
-            self._url, name="hiermem-readers", configure=_configure_reader, **common
-        )
-        writers.open(wait=False)
-        readers.open(wait=False)
-        return writers, readers
-
-    def _pool(self, write: bool) -> ConnectionPool:
-        """The pool of writers or readers; after a connection failure both pools are replaced by new
-        ones once the server answers again (a pool's own reconnection waits longer and longer)."""
-        old: tuple[ConnectionPool, ...] = ()
-        with self._lock:
-            if self._closed:
-                raise PersistenceError(f"The PostgreSQL store {self.location} is closed; open it again.")
-            if self._broken:
-                self._probe(again=True)  # raises while the server is away: the next call tries again
-                old = (self._writers, self._readers)
-                self._writers, self._readers = self._new_pools()
-                self._broken = False
-            pool = self._writers if write else self._readers
-        for p in old:
-            with suppress(Exception):
-                p.close(timeout=0)
-        return pool
-
-    def _getconn(self, write: bool, what: str) -> psycopg.Connection[Any]:
-        pool = self._pool(write)
-        try:
-            conn = pool.getconn(timeout=self.timeout)
-        except PoolTimeout as e:
-            self._broken = True
-            raise PersistenceError(
-                f"Could not {what} {self.location}: no connection to PostgreSQL within {self.timeout:g} s "
-                f"({first_line(e)}). Check that the server is running and reachable; nothing was changed, "
-                "and the next call connects again."
-            ) from None
-        except psycopg.Error as e:
-            raise PersistenceError(f"Could not {what} {self.location}: {first_line(e)}.") from None
-        with self._lock:
-            self._lent[id(conn)] = (conn, pool)
-        return conn
-
-    def _putconn(self, conn: psycopg.Connection[Any], *, rollback: bool) -> None:
-        """Give a connection back to the pool it came from (rolled back first when asked)."""
-        if rollback and not conn.closed:
-            with suppress(Exception):
-                conn.rollback()
-        with self._lock:
-            _, pool = self._lent.pop(id(conn), (conn, None))
-        try:
-            if pool is None:
-                raise ValueError("unknown connection")
-            pool.putconn(conn)
-        except Exception:
-            with suppress(Exception):
-                conn.close()
-
-    def _recover(self) -> None:
-        """After a connection failed: the next call replaces the pools (see :meth:`_pool`)."""
-        self._broken = True
-
-    def error(self, e: BaseException, what: str) -> PersistenceError:
-        """The :class:`PersistenceError` for a database error ``e`` met while trying to ``what``."""
-        if isinstance(e, PersistenceError):
-            return e
-        if isinstance(e, psycopg.OperationalError):
-            self._recover()
-            return PersistenceError(
-                f"Could not {what} {self.location}: the connection to PostgreSQL failed "
-                f"({first_line(e)}). Nothing was changed; the next call connects again."
-            )
-        if isinstance(e, psycopg.Error):
-            return PersistenceError(f"Could not {what} {self.location}: PostgreSQL says {first_line(e)}.")
-        if isinstance(e, (TypeError, ValueError)):
-            return PersistenceError(
-                f"Could not {what} {self.location}: the memory holds data that is not JSON-serialisable "
-                f"({e}). Nothing was changed."
-            )
-        return PersistenceError(f"Could not {what} {self.location}: {type(e).__name__}: {e}")
-
-    def read(self, fn: Callable[[psycopg.Cursor[Any]], T], what: str = "read") -> T:
-        """Run ``fn(cursor)`` in a read-only ``REPEATABLE READ`` transaction (one snapshot, no locks).
-
-        A connection found broken (e.g. after a server restart) is replaced and ``fn`` run once more.
-
-        Raises:
-            PersistenceError: the database cannot be read.
-        """
-        for attempt in (0, 1):
-            conn = self._getconn(False, what)
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    out = fn(cur)
-            except BaseException as e:
-                broken = conn.broken or conn.closed
-                self._putconn(conn, rollback=True)
-                if isinstance(e, psycopg.OperationalError) and broken and attempt == 0:
-                    self._recover()
-                    continue
-                if isinstance(e, Exception):
-                    raise self.error(e, what) from None
-                raise
-            self._putconn(conn, rollback=False)
-            return out
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    @contextmanager
-    def writing(self, what: str, lock: int | None = None) -> Iterator[psycopg.Cursor[Any]]:
-        """A write transaction (``READ COMMITTED``), committed when the block ends without error.
-
-        Args:
-            what: what the transaction does, for error messages.
-            lock: a namespace id whose advisory lock the transaction takes first, or ``None``.
-
-        Raises:
-            PersistenceError: the database failed (the transaction is rolled back).
-        """
-        conn = self._getconn(True, what)
-        try:
-            with conn.cursor() as cur:
-                if lock is not None:
-                    cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, lock))
-                yield cur
-            conn.commit()
-        except BaseException as e:
-            self._putconn(conn, rollback=True)
-            if isinstance(e, Exception):
-                raise self.error(e, what) from None
-            raise
-        self._putconn(conn, rollback=False)
-
-    def write_connection(self, what: str) -> psycopg.Connection[Any]:
-        """A writer connection for a transaction the caller ends (:meth:`release`)."""
-        return self._getconn(True, what)
-
-    def release(self, conn: psycopg.Connection[Any], *, rollback: bool) -> None:
-        """Give back a connection of :meth:`write_connection` (rolled back first when asked)."""
-        self._putconn(conn, rollback=rollback)
-
-    def close(self) -> None:
-        """Close both pools (idempotent). Open stores of this database fail from then on."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        for pool in (getattr(self, "_writers", None), getattr(self, "_readers", None)):
-            if pool is not None:
-                with suppress(Exception):
-                    pool.close(timeout=1.0)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
 
     # ------------------------------------------------------------------ schema
     def setup(self) -> None:
@@ -576,15 +396,9 @@ class PostgresDatabase:
         nid = self.namespace_id(ns, create=False)
         if nid is None:
             return False
-        with self.writing("delete the namespace from", lock=nid) as cur:
+        with self.writing("delete the namespace from", lock=nid, namespace=normalize_namespace(ns)) as cur:
             cur.execute(f"DELETE FROM {SCHEMA}.namespaces WHERE id = %s", (nid,))
             return cur.rowcount > 0
-
-
-def _configure_reader(conn: psycopg.Connection[Any]) -> None:
-    conn.isolation_level = IsolationLevel.REPEATABLE_READ
-    conn.read_only = True
-    conn.commit()
 
 
 class _Snapshot:
@@ -622,10 +436,9 @@ class PostgresStore(Store):
         self.location = f"{self.db.location} namespace {list(self.namespace)!r}"
         self._in = f"namespace {list(self.namespace)!r} in"  # for "Could not <verb> <_in> <url>"
         self._seq = 0
-        self._stale = True  # nothing loaded yet: the first catch-up is a full load
-        self._conn: psycopg.Connection[Any] | None = None  # the open write transaction
-        self._xid: int | None = None  # its transaction id, to ask txid_status after a failure
-        self._attempt = 0  # the sequence number the open write is to get
+        self._stale = True  # nothing loaded yet (or a commit's outcome is unknown): reload in full
+        self._writes = NamespaceWrites(self.db, self.namespace, self._in)
+        self._contended_until = 0.0  # until then, writes are computed under the lock (see begin)
         self._ns = -1  # the namespace's id; registered by the first write (initialize)
         try:
             self._lookup()
@@ -655,7 +468,7 @@ class PostgresStore(Store):
         return self._seq
 
     def close(self) -> None:
-        """Roll back an open write, and close the database when this store opened it (idempotent)."""
+        """Close the database when this store opened it (idempotent)."""
         self.abort()
         pg_prune.leave(self)
         if self._owns_db and getattr(self, "db", None) is not None:
@@ -777,135 +590,135 @@ class PostgresStore(Store):
         pg_prune.caught_up(self)  # the registration that keeps the tombstones this store needs
 
     # ------------------------------------------------------------------ writing
-    def begin(self, mem: HierarchicalMemory) -> None:
-        """Open the write transaction: take the namespace's advisory lock (waiting for the writer that
-        holds it), then apply what other processes committed.
+    @property
+    def write_attempts(self) -> int:
+        """How many times the memory computes a write that other processes' commits keep overtaking."""
+        return self.db.write_attempts
+
+    def begin(self, mem: HierarchicalMemory, exclusive: bool = False) -> None:
+        """Before a write is computed: apply what other processes committed (a read-only snapshot).
+        :meth:`commit` writes only if the namespace is still at the change sequence this leaves in
+        :attr:`seq`.
+
+        Args:
+            mem: the memory.
+            exclusive: ``False`` (a first attempt): no lock and no connection is held while the memory
+                computes. ``True`` (after a conflict): first take the namespace's lock at session level
+                (see :class:`~shared_core.stores.pg_writes.NamespaceWrites`) and hold it until the
+                write ends, so no other writer can overtake this one. Within
+                :data:`CONTENTION_WINDOW` seconds of meeting another writer, every write is exclusive.
 
         Raises:
+            NamespaceBusyError: (exclusive) the lock was not free within the lock timeout.
             PersistenceError: the database cannot be reached (nothing is held, ``mem`` is unchanged).
         """
         self.abort()
-        for attempt in (0, 1):
-            conn = self.db.write_connection(f"write to {self._in}")
-            try:
-                cur = conn.cursor()
-                cur.execute("SELECT pg_advisory_xact_lock(%s, %s), txid_current()", (LOCK_CLASS, self._ns))
-                xid = int(cur.fetchone()[1])  # type: ignore[index]
-                snap = self._changes(cur)
-                cur.close()
-                self._apply(mem, snap)
-            except BaseException as e:
-                broken = conn.broken or conn.closed
-                self.db.release(conn, rollback=True)
-                if isinstance(e, psycopg.OperationalError) and broken and attempt == 0:
-                    self.db._recover()
-                    continue
-                if isinstance(e, Exception):
-                    raise self.db.error(e, f"write to {self._in}") from None
-                raise
-            self._conn, self._xid = conn, xid
-            return
+        exclusive = exclusive or time.monotonic() < self._contended_until
+        try:
+            if exclusive and self._writes.hold(self._ns):  # it waited: writers still collide
+                self._contended_until = time.monotonic() + CONTENTION_WINDOW
+            self.sync(mem)
+        except BaseException:
+            self.abort()
+            raise
 
     def abort(self) -> None:
-        """Roll back the open write transaction and release its lock (idempotent)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            self.db.release(conn, rollback=True)
+        """The memory's write ended or failed: release the lock of an exclusive write (idempotent)."""
+        self._writes.release()
 
     def _write_meta(self, cur: psycopg.Cursor[Any], items: dict[str, Any]) -> None:
         cur.executemany(_UPSERT_META, [(self._ns, k, dumps(v)) for k, v in items.items()])
 
     def commit(self, mem: HierarchicalMemory) -> None:
-        """Write the open transaction of ``mem`` and ``COMMIT`` (the change is acknowledged then).
+        """Write the change ``mem`` computed since :meth:`begin` and ``COMMIT`` (it is acknowledged then),
+        unless another process committed to the namespace meanwhile.
 
         Raises:
-            PersistenceError: no write transaction is open, or the write failed (rolled back; the
-                caller rolls the memory back).
+            WriteConflictError: another process committed since :meth:`begin`; nothing was written (the
+                memory rolls back, catches up and computes the change again).
+            NamespaceBusyError: the namespace's lock was not free within the lock timeout.
+            PersistenceError: the write failed (the caller asks :meth:`landed`, then rolls back).
         """
-        conn = self._conn
-        if conn is None:
-            raise PersistenceError(f"No write transaction is open on {self.location} (an internal error).")
-        ns, seq = self._ns, self._seq + 1
-        self._attempt = seq
         try:
             ch = pending_changes(mem)
-            with conn.cursor() as cur:
-                if ch.gone:
-                    cur.executemany(
-                        f"DELETE FROM {SCHEMA}.nodes WHERE ns = %s AND id = %s", [(ns, i) for i in ch.gone]
-                    )
-                    cur.executemany(_UPSERT_REMOVED, [(ns, i, seq) for i in ch.gone])
-                if ch.rows:
-                    cur.executemany(_UPSERT_NODE, [(ns, *row, seq) for row in ch.rows])
-                if ch.drop_vectors:
-                    cur.executemany(
-                        f"DELETE FROM {SCHEMA}.vectors WHERE ns = %s AND id = %s",
-                        [(ns, i) for i in ch.drop_vectors],
-                    )
-                if ch.vectors:
-                    cur.executemany(_UPSERT_VECTOR, [(ns, i, blob, seq) for i, blob in ch.vectors])
-                self._write_meta(cur, ch.meta)
-                cur.execute(f"UPDATE {SCHEMA}.namespaces SET seq = %s WHERE id = %s", (seq, ns))
-            conn.commit()
-        except BaseException as e:
-            self.abort()
-            if isinstance(e, Exception):
-                raise self.db.error(e, f"commit the change to {self._in}") from None
-            raise
-        self._conn = None
-        self.db.release(conn, rollback=False)
+        except (TypeError, ValueError) as e:
+            raise self.db.error(e, f"commit the change to {self._in}") from None
+        ns, base = self._ns, self._seq
+
+        def write(cur: psycopg.Cursor[Any]) -> int:
+            stored, _ = self._ns_row(cur)
+            if stored != base:
+                self._contended_until = time.monotonic() + CONTENTION_WINDOW
+                raise WriteConflictError(
+                    f"Could not commit the change to {self._in} {self.db.location}: another process "
+                    f"committed change {stored} to it while this process computed its change from change "
+                    f"{base}. Nothing was written.",
+                    namespace=self.namespace,
+                )
+            seq = base + 1
+            if ch.gone:
+                cur.executemany(
+                    f"DELETE FROM {SCHEMA}.nodes WHERE ns = %s AND id = %s", [(ns, i) for i in ch.gone]
+                )
+                cur.executemany(_UPSERT_REMOVED, [(ns, i, seq) for i in ch.gone])
+            if ch.rows:
+                cur.executemany(_UPSERT_NODE, [(ns, *row, seq) for row in ch.rows])
+            if ch.drop_vectors:
+                cur.executemany(
+                    f"DELETE FROM {SCHEMA}.vectors WHERE ns = %s AND id = %s",
+                    [(ns, i) for i in ch.drop_vectors],
+                )
+            if ch.vectors:
+                cur.executemany(_UPSERT_VECTOR, [(ns, i, blob, seq) for i, blob in ch.vectors])
+            self._write_meta(cur, ch.meta)
+            cur.execute(f"UPDATE {SCHEMA}.namespaces SET seq = %s WHERE id = %s", (seq, ns))
+            return seq
+
+        seq = self._writes.run(ns, "commit the change to", write)
+        assert seq is not None
         self._seq = seq
         pg_prune.committed(self)  # registration and, now and then, pruning (never raises)
 
     def landed(self, seq: int) -> bool:
-        """After :meth:`commit` or :meth:`clear` raised: whether the write was committed all the same,
-        asked of the server with ``txid_status`` (on a fresh connection). Any failure to find out
-        counts as not landed: the memory then rolls back and catches the change up on its next call.
+        """After :meth:`commit` or :meth:`clear` raised: whether the write was committed all the same
+        (see :meth:`~shared_core.stores.pg_writes.NamespaceWrites.landed`: asked of the server with
+        ``txid_status`` when its ``COMMIT`` got no reply).
 
         Args:
             seq: the number the caller expected the write to get (the store knows its own attempt).
 
         Returns:
-            ``True`` when the database holds the write.
+            ``True`` when the database holds the write (:attr:`seq` then counts it), ``False`` when it
+            does not.
+
+        Raises:
+            CommitUnknownError: the server cannot tell: the store reloads the namespace at its next
+                catch-up, so the memory then holds what the database holds.
         """
-        self.abort()
-        xid, self._xid = self._xid, None
-        if xid is None:
-            return False
         try:
-            status = self.db.read(lambda cur: cur.execute("SELECT txid_status(%s)", (xid,)).fetchone())
-        except Exception:
-            return False
-        if status is None or status[0] != "committed":
-            return False
-        self._seq = self._attempt
-        return True
+            outcome = self._writes.landed()
+        except CommitUnknownError:
+            self._stale = True
+            raise
+        if outcome:
+            self._seq = self._writes.attempt
+        return outcome
 
     def _reset_write(self, what: str, rows: Callable[[psycopg.Cursor[Any], int], bool]) -> bool:
         """A write that replaces the whole namespace (first write, clear), under its lock."""
-        self.abort()
-        conn = self.db.write_connection(f"{what} {self._in}")
-        try:
-            cur = conn.cursor()
-            cur.execute("SELECT pg_advisory_xact_lock(%s, %s), txid_current()", (LOCK_CLASS, self._ns))
-            self._xid = int(cur.fetchone()[1])  # type: ignore[index]
+
+        def write(cur: psycopg.Cursor[Any]) -> int | None:
             seq = self._ns_row(cur)[0] + 1
-            self._attempt = seq
             if not rows(cur, seq):
-                cur.close()
-                self.db.release(conn, rollback=True)
-                return False
+                return None
             cur.execute(
                 f"UPDATE {SCHEMA}.namespaces SET seq = %s, reset_seq = %s WHERE id = %s", (seq, seq, self._ns)
             )
-            cur.close()
-            conn.commit()
-        except BaseException as e:
-            self.db.release(conn, rollback=True)
-            if isinstance(e, Exception):
-                raise self.db.error(e, f"{what} {self._in}") from None
-            raise
-        self.db.release(conn, rollback=False)
+            return seq
+
+        seq = self._writes.run(self._ns, what, write)
+        if seq is None:
+            return False
         self._seq, self._stale = seq, False
         return True
 

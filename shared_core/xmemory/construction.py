@@ -211,20 +211,22 @@ class _XMemoryConstruction(HierarchicalMemory):
             xMemory Sec. 3.2 (episode -> semantic -> theme construction).
         """
         report = AddReport()
+
+        def close() -> None:
+            ep = self._open
+            report.details.clear()
+            if ep is None or ep not in self._store.nodes:  # closed meanwhile by another process
+                return
+            details = {"closed_episode": ep, **self._close_episode(ep, "end of the stream", report.usage)}
+            report.details.append(details)
+            self._embed_pending(report.usage)
+
         with self._lock:
+            self._sync_store()
             if self._open is None or self._open not in self._store.nodes:
                 return report
             t0 = time.perf_counter()
-            self._begin(report.usage)
-            try:
-                ep = self._open
-                details = {"closed_episode": ep, **self._close_episode(ep, "end of the stream", report.usage)}
-                report.details.append(details)
-                self._embed_pending(report.usage)
-                self._commit()
-            except BaseException:
-                self._rollback()
-                raise
+            self._transaction(report.usage, close)
             self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
 
