@@ -22,16 +22,16 @@ import numpy as np
 
 from .ann import NeighbourSearch
 from .filters import message_filter
+from .forgetting import Forgetting
 from .index import NodeIndex
 from .models.base import LLM, Embedder, Summarizer
-from .models.extractive import holds_words, split_sentences
-from .persist import load_memory, save_memory
 from .ranking import ADMISSIBLE, RELEVANCE_KINDS, Ranking, TokenBudget, check_choice, count_tokens
 from .relevance import check_weight
-from .stores import Store, WriteConflictError, attach_store, connect, open_memory
+from .store_binding import StoreBinding
+from .stores import WriteConflictError
 from .stores.encoding import MEMORY_FORMAT
 from .structure import NodeArrays
-from .tree import Node, NodeStore
+from .tree import NodeStore
 from .types import (
     AddReport,
     Hit,
@@ -65,7 +65,7 @@ ANNOTATION_VECTORS = ("composed", "embedded")
 M = TypeVar("M", bound="HierarchicalMemory")
 
 
-class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
+class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC):
     """Base class of the hierarchical memories.
 
     Args:
@@ -135,10 +135,6 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
     #: ``sentence_vectors`` of the default extractive summariser (see
     #: :class:`~shared_core.models.extractive.ExtractiveSummarizer`)
     default_sentence_vectors: ClassVar[str] = "embedded"
-    #: a deletion makes the caches forget the sentences of every internal text it removes or rewrites,
-    #: not only those of its messages (for internal texts not made of their messages' sentences, such
-    #: as LLM-written records; see :meth:`_forgotten_texts`)
-    forget_rewritten: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -364,57 +360,6 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
             self._transaction(usage, remove)
             return len(leaves)
 
-    def _forgotten_texts(self, changed: set[int], removed: set[int]) -> list[str]:
-        """When the open transaction deletes messages (removes a leaf): the texts whose sentences the
-        caches must forget; else (an add) ``[]``. Read from the node store's undo journal, before the
-        commit closes it.
-
-        These are each deleted message's text and its leaf's text; with :attr:`forget_rewritten`
-        also the previous text of every internal node the deletion removed or rewrote. Without it an
-        internal text is taken to be made of its messages' sentences (extractive summaries), so a
-        sentence cached from it that holds forgotten words holds a whole sentence of a deleted message
-        (or is its shortened form), which the summariser's ``forget`` finds by itself.
-        """
-        st = self._store
-        saved = st._saved  # the nodes as the transaction found them (absent: created in it)
-        leaves = [n for i in sorted(removed) if isinstance(n := saved.get(i), Node) and n.is_leaf]
-        out = [t for n in leaves for t in (n.text, n.message.text if n.message else "") if t]
-        if out and self.forget_rewritten:
-            for nid in sorted(changed | removed):
-                old = saved.get(nid)
-                rewritten = nid in removed or (isinstance(old, Node) and st.nodes[nid].text != old.text)
-                if isinstance(old, Node) and not old.is_leaf and old.text and rewritten:
-                    out.append(old.text)
-        return out
-
-    def _forget_texts(self, texts: Sequence[str], changed: set[int], gone: set[int]) -> None:
-        """After a committed deletion: caches of the process drop what the forgotten ``texts`` (see
-        :meth:`_forgotten_texts`) left in them; ``changed`` are the nodes the deletion gave a new
-        text, ``gone`` those it removed or left without text.
-
-        The summariser's ``forget`` (when it has one) gets every sentence of ``texts`` that no live
-        node's text holds (as a run of whole words), see :meth:`ExtractiveSummarizer.forget
-        <shared_core.models.extractive.ExtractiveSummarizer.forget>`: a sentence still used keeps its
-        vector, so nothing is embedded again. The lexical index, when built, drops these nodes' texts
-        now; those rewritten are indexed again at the next query (as every change is). Subclasses
-        extend it for their own caches.
-        """
-        st = self._store
-        forget = getattr(self.summarizer, "forget", None)
-        if callable(forget):
-            sentences = {x for t in texts if t for x in split_sentences(t)}
-            # a rewritten text mostly keeps its sentences: test the deletion's new texts first
-            fresh = "\n".join(st.nodes[i].text for i in changed if i in st.nodes)
-            sentences = {x for x in sentences if not holds_words(fresh, x)}
-            if sentences:
-                live = "\n".join(n.text for n in st.nodes.values() if n.text)  # one scan of the texts
-                dead = sorted(x for x in sentences if not holds_words(live, x))
-                if dead:
-                    forget(dead)
-        if self._lexical is not None:  # the rewritten nodes come back (marked dirty) at the next query
-            self._lexical.remove(sorted(gone | changed))
-            self._lex_removed -= gone
-
     def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
         """Generic repair: detach leaves, drop emptied ancestors, recompute spans and annotations."""
         st = self._store
@@ -479,20 +424,6 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
         self._set_state(self._initial_state())
         self._version += 1
         self._forget_all(old)
-
-    def _forget_all(self, old: NodeStore) -> None:
-        """After ``clear()``: caches of the process drop what the texts of ``old`` (the cleared store)
-        left in them. The summariser is emptied with its ``clear()``, else given every text of ``old``
-        through its ``forget(texts)`` (when it has either). Subclasses extend it for their own caches."""
-        clear = getattr(self.summarizer, "clear", None)
-        if callable(clear):
-            clear()
-            return
-        forget = getattr(self.summarizer, "forget", None)
-        if callable(forget):
-            texts = [n.text for n in old.nodes.values() if n.text]
-            if texts:
-                forget(texts)
 
     def _initial_state(self) -> dict[str, Any]:
         return {}
@@ -798,162 +729,6 @@ class HierarchicalMemory(Ranking, NodeVectors, abc.ABC):
                 "tree": self._store.to_dict(),
                 "usage": self._usage.to_dict(),
             }
-
-    # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Save to a directory (plain JSON + the FAISS index file; never pickle).
-
-        The save is written beside the previous one and switched in by an atomic rename, so an
-        interrupted save leaves the previous save readable.
-
-        Returns:
-            The directory path.
-
-        Raises:
-            PersistenceError: the path is a file or a non-empty directory that is not a hiermem save.
-        """
-        with self._lock:
-            return save_memory(self, Path(path))
-
-    @classmethod
-    def load(cls: type[M], path: str | Path, embedder: Embedder | None = None, llm: LLM | None = None) -> M:
-        """Load a memory saved by :meth:`save`.
-
-        Args:
-            path: the save directory.
-            embedder: the embedder to use from now on (must have the saved dimension); default local.
-            llm: the LLM to use from now on, or ``None``.
-
-        Raises:
-            PersistenceError: not a saved memory, or corrupt.
-            VersionMismatchError: saved by an incompatible format version or as another memory kind.
-        """
-        from . import memory_classes
-
-        return load_memory(cls, Path(path), embedder=embedder, llm=llm, classes=memory_classes)
-
-    # ------------------------------------------------------------------ durable store
-    @classmethod
-    def open(
-        cls: type[M],
-        path: str | Path,
-        embedder: Embedder | None = None,
-        llm: LLM | None = None,
-        *,
-        synchronous: str = "FULL",
-        namespace: str | Sequence[str] | None = None,
-        **kwargs: Any,
-    ) -> M:
-        """Open the memory in a durable store, creating it when new: an SQLite file, or one namespace of
-        a PostgreSQL database shared by any number of processes.
-
-        A new store is created with ``cls(embedder, llm, **kwargs)``. An existing store is reopened with
-        its stored kind and configuration (``HierarchicalMemory.open`` dispatches on the kind); its node
-        store and FAISS index are rebuilt from the database. From then on every acknowledged ``add`` /
-        ``delete`` / ``clear`` is committed to the store before it returns. With PostgreSQL, every
-        ``add``, ``delete`` and ``retrieve`` first applies what other processes committed (see
-        :mod:`shared_core.stores.postgres`).
-
-        Args:
-            path: the SQLite file, e.g. ``"memory.sqlite"``, or a libpq URL
-                ``"postgresql://user:password@host:port/dbname"``.
-            embedder: the embedder (must give the stored dimension); default the local model.
-            llm: the LLM, or ``None``.
-            synchronous: SQLite only: ``"FULL"`` (default: survives power loss), ``"EXTRA"`` or
-                ``"NORMAL"`` (survives a process crash).
-            namespace: PostgreSQL only: the memory's namespace, a string or a tuple of strings, default
-                ``("default",)``.
-            **kwargs: constructor arguments for a new store; for an existing one, arguments outside the
-                stored configuration (e.g. ``summarizer``); stored values must not be contradicted.
-
-        Returns:
-            The memory, bound to the store (close it with :meth:`close_store`).
-
-        Raises:
-            InvalidInputError: a new store opened through ``HierarchicalMemory`` itself, an argument
-                that contradicts the stored configuration, a malformed URL or namespace, or an option
-                of the other backend.
-            PersistenceError: not a hiermem store, corrupt, in use by another process (SQLite), another
-                kind, or the server cannot be reached (PostgreSQL).
-            VersionMismatchError: written by another format version.
-
-        References:
-            SQLite "Write-Ahead Logging"; PostgreSQL "Advisory Locks"; see :mod:`shared_core.stores`.
-        """
-        from . import memory_classes
-
-        store = connect(path, synchronous=synchronous, namespace=namespace)
-        return open_memory(cls, store, memory_classes, embedder=embedder, llm=llm, **kwargs)
-
-    def attach_store(
-        self,
-        path: str | Path | Store,
-        *,
-        synchronous: str = "FULL",
-        namespace: str | Sequence[str] | None = None,
-    ) -> None:
-        """Make this memory durable in a store: an SQLite file, a ``postgresql://`` URL (with
-        ``namespace``, default ``("default",)``) or an open :class:`~shared_core.stores.Store`.
-
-        A new (or empty) store receives the whole memory in one transaction; a store that already holds a
-        memory of the same kind and configuration is loaded into this memory, which must be empty.
-
-        Raises:
-            InvalidInputError: a store is already attached, or see :meth:`open`.
-            PersistenceError: see :meth:`open`; also both this memory and the store hold a memory.
-        """
-        with self._lock:
-            if self._durable is not None:
-                raise InvalidInputError(
-                    f"A store is already attached ({self._durable.location}); call close_store() first."
-                )
-            store = connect(path, synchronous=synchronous, namespace=namespace)
-            try:
-                attach_store(self, store)
-            except BaseException:
-                store.close()
-                raise
-
-    def close_store(self) -> None:
-        """Close the durable store (the memory stays usable in memory only; idempotent)."""
-        with self._lock:
-            store, self._durable = self._durable, None
-        if store is not None:
-            store.close()
-
-    @property
-    def store_path(self) -> Path | None:
-        """Path of the attached SQLite store, or ``None`` (no store, or a PostgreSQL one)."""
-        return getattr(self._durable, "path", None)
-
-    @property
-    def store_location(self) -> str | None:
-        """What the attached store is called: its path, or its URL (without the password) and namespace;
-        ``None`` without a store."""
-        return self._durable.location if self._durable is not None else None
-
-    def refresh(self) -> None:
-        """Apply now what other processes committed to the attached shared store (PostgreSQL); ``add``,
-        ``delete``, ``retrieve``, ``len()`` and ``stats()`` do this themselves. A no-op
-        without a store or with an SQLite one.
-
-        Raises:
-            PersistenceError: the store cannot be read (the memory is unchanged).
-        """
-        with self._lock:
-            self._sync_store()
-
-    def _sync_store(self) -> None:
-        if self._durable is not None:
-            self._durable.sync(self)
-
-    def _restore(self, data: dict[str, Any], index: NodeIndex | None) -> None:
-        self._store = NodeStore.from_dict(data["tree"], self.contiguous_spans)
-        self._set_state(data.get("state") or {})
-        self._usage = Usage(**data.get("usage", {}))
-        self._index = index
-        self._lexical = None
-        self._version += 1
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(leaves={len(self)}, nodes={len(self._store)})"
