@@ -31,6 +31,7 @@ class Forgetting:
     summarizer: Summarizer
     _store: NodeStore
     _lexical: Any
+    _lex_dirty: set[int]
     _lex_removed: set[int]
 
     def _forgotten_texts(self, changed: set[int], removed: set[int]) -> list[str]:
@@ -80,9 +81,11 @@ class Forgetting:
                 dead = sorted(x for x in sentences if not holds_words(live, x))
                 if dead:
                     forget(dead)
-        if self._lexical is not None:  # the rewritten nodes come back (marked dirty) at the next query
-            self._lexical.remove(sorted(gone | changed))
-            self._lex_removed -= gone
+        if self._lexical is not None:
+            # the rewritten nodes come back (marked dirty) at the next query; so do the nodes an earlier
+            # change left dirty, whose indexed text is stale and may still hold the forgotten words
+            self._lexical.remove(sorted(gone | changed | self._lex_dirty | self._lex_removed))
+            self._lex_removed = set()
 
     def _forget_all(self, old: NodeStore) -> None:
         """After ``clear()``: caches of the process drop what the texts of ``old`` (the cleared store)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shared_core import HierarchicalMemory, Message
@@ -742,6 +742,17 @@ CACHE_OPS = st.tuples(
 def test_no_cache_keeps_a_forgotten_word_and_live_sentences_stay_cached(kind):
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(ops=CACHE_OPS)
+    # HAT: an add after a retrieval rewrites a parent whose indexed text (stale until the next query)
+    # holds a message's secret; the deletion of that message must drop the stale text from BM25 too
+    @example(
+        ops=[
+            *[("add", [0], "ann", 1, False)] * 3,
+            ("add", [1], "ann", 1, False),
+            ("add", [0], "ann", 1, False),
+        ]
+        + [("add", [0, 0], "ann", 1, False), ("delete", 0), ("retrieve", "code vault")]
+        + [("add", [0], "ann", 1, False), ("delete", 14)]
+    )
     def run(ops: list[tuple[Any, ...]]) -> None:
         rules.forget_fact_sentences()  # a previous example's memory may have asked about the same words
         mem = cache_memory(kind, summary_chars=90)
