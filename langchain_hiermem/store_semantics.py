@@ -10,7 +10,7 @@
   Departures: an operator whose operands are not numbers (a missing field, a non-numeric string) does
   not match, where ``InMemoryStore`` raises ``TypeError`` / ``ValueError`` from the whole search; an
   unknown operator is refused before the search, whether or not an item reaches it.
-- **Scores** (:func:`cosine_scores`): the cosine similarity of the query and an item's embedded texts,
+- **Scores** (:func:`similarity_scores`): the cosine similarity of the query and an item's embedded texts,
   its best text counting (LangGraph's max pooling), from the vectors the memory already holds.
 - **Long texts** (:func:`split_text`): a text over the memory's per-message limit is indexed in parts.
 
@@ -209,15 +209,15 @@ def split_text(text: str, limit: int) -> list[str]:
 
 
 @contextmanager
-def capture_query_vector(mem: Any) -> Iterator[list[np.ndarray]]:
-    """While the block runs, record the query vectors ``mem`` computes (its ``_embed_query``), so a
-    score can reuse the memory's own embedding of the query instead of embedding it again."""
-    seen: list[np.ndarray] = []
+def capture_query_vector(mem: Any) -> Iterator[dict[str, np.ndarray]]:
+    """While the block runs, record the query vectors ``mem`` computes (its ``_embed_query``), by query
+    text, so a score can reuse the memory's own embedding of the query instead of embedding it again."""
+    seen: dict[str, np.ndarray] = {}
     inner = mem._embed_query
 
     def embed_query(query: str) -> np.ndarray:
         v = inner(query)
-        seen.append(v)
+        seen[query] = v
         return v
 
     mem._embed_query = embed_query
@@ -229,14 +229,14 @@ def capture_query_vector(mem: Any) -> Iterator[list[np.ndarray]]:
 
 
 def similarity_scores(
-    mem: Any, query: str, leaves: Mapping[str, Sequence[int]], seen: Sequence[np.ndarray]
+    mem: Any, query: str, leaves: Mapping[str, Sequence[int]], seen: Mapping[str, np.ndarray]
 ) -> dict[str, float]:
     """Per key, the cosine similarity of the query and the key's embedded texts, the best one counting
     (LangGraph's max pooling over an item's fields).
 
     Args:
         mem: the namespace's memory (its node vectors are read, nothing is embedded for the items).
-        query: the query; embedded (once) only when the retrieval did not embed it (``seen`` empty).
+        query: the query; embedded (once) only when the retrieval did not embed it (not in ``seen``).
         leaves: the memory leaves of each key to score.
         seen: the query vectors the retrieval computed (:func:`capture_query_vector`).
 
@@ -244,7 +244,7 @@ def similarity_scores(
         ``{key: score}`` with scores in ``[-1, 1]``, for keys that have at least one leaf in the memory.
     """
     with mem._lock:
-        qvec = seen[-1] if seen else mem._embed_query(query)
+        qvec = seen[query] if query in seen else mem._embed_query(query)
         nodes = mem._store.nodes
         out: dict[str, float] = {}
         for key, lids in leaves.items():

@@ -306,3 +306,13 @@ def test_split_text_parts_fit_the_limit_and_join_back(text: str, limit: int) -> 
     assert all(parts) or parts == [text]
     with pytest.raises(InvalidInputError):
         split_text(text, 0)
+
+
+def test_score_is_the_cosine_when_the_retrieval_embeds_no_query() -> None:
+    """With BM25 relevance the memory never embeds the query: the store embeds it once for the score."""
+    store = HierMemStore(index=index(), memory_kwargs={"relevance": "bm25"})
+    for i, fact in enumerate(FACTS):
+        store.put(("b",), f"k{i}", {"text": fact})
+    got = {it.key: it.score for it in store.search(("b",), query=FACTS[2], limit=3)}
+    assert got["k2"] == pytest.approx(1.0, abs=1e-5)
+    assert all(-1.0 <= s <= 1.0 for s in got.values())
