@@ -316,3 +316,40 @@ def test_score_is_the_cosine_when_the_retrieval_embeds_no_query() -> None:
     got = {it.key: it.score for it in store.search(("b",), query=FACTS[2], limit=3)}
     assert got["k2"] == pytest.approx(1.0, abs=1e-5)
     assert all(-1.0 <= s <= 1.0 for s in got.values())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(item_values, min_size=1, max_size=5), st.data())
+def test_filtered_query_searches_keep_the_items_in_memory_store_keeps(
+    durable: Any, vals: list[dict[str, Any]], data: Any
+) -> None:
+    """A query search with a filter (applied inside the memory) returns exactly the indexed items the
+    filter keeps, in both stores."""
+    flt = data.draw(filters_for(vals), label="filter")
+    items = [(f"k{i}", {**v, "text": FACTS[i]}) for i, v in enumerate(vals)]
+    mem = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+    ns = ("fq", str(next(_COUNTER)))
+    for store in (mem, durable):
+        for key, v in items:
+            store.put(ns, key, v)
+    want = sorted(reference_keys(items, flt))
+    assert sorted(it.key for it in mem.search(ns, query="dog nurse", filter=flt, limit=10)) == want
+    want = sorted(reference_keys([(k, json_form(v)) for k, v in items], json_form(flt)))
+    assert sorted(it.key for it in durable.search(ns, query="dog nurse", filter=flt, limit=10)) == want
+
+
+def test_a_long_item_survives_a_reopen_and_is_deleted_completely(tmp_path: Path) -> None:
+    text = ("a long letter about the garden and the bees " * 6000)[:250_000]
+    path = tmp_path / "long.sqlite"
+    with HierMemStore.from_conn_string(path, index=index(), memory_kwargs=MEMORY_KWARGS) as store:
+        store.put(("l",), "big", {"text": text})
+        store.put(("l",), "small", {"text": FACTS[3]})
+    with HierMemStore.from_conn_string(path, index=index(), memory_kwargs=MEMORY_KWARGS) as store:
+        assert store.get(("l",), "big").value == {"text": text}
+        found = store.search(("l",), query="garden bees", limit=5)
+        assert [it.key for it in found] == ["big", "small"]
+        assert len(store.get_memory(("l",))) == 4
+        store.delete(("l",), "big")
+    with HierMemStore.from_conn_string(path, index=index(), memory_kwargs=MEMORY_KWARGS) as store:
+        assert store.get(("l",), "big") is None
+        assert len(store.get_memory(("l",))) == 1
