@@ -38,6 +38,7 @@ from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotF
 
 from .models import LangChainEmbedder, as_core_embedder
 from .retrievers import HierMemRetriever
+from .store_semantics import capture_query_vector, check_filter, item_matches, similarity_scores, split_text
 
 if TYPE_CHECKING:
     from .store_durable import DurableHierMemStore
@@ -49,6 +50,8 @@ MemoryFactory = Callable[..., HierarchicalMemory]
 
 # Fields used as an item's text when neither the store nor the put names any (in this order).
 DEFAULT_TEXT_FIELDS = ("text", "content")
+# What SearchItem.score holds: LangGraph's query-text cosine, or the memory's relevance of the best hit.
+SCORES = ("similarity", "relevance")
 # At most this many rounds of widening the retrieval when hits collapse onto fewer keys than asked for
 # (a key indexed by several texts, a summary standing for keys already found; a filter is applied by the
 # memory before its top-k, so it collapses nothing).
@@ -78,29 +81,6 @@ class _Added:
     texts: dict[str, list[str]] = field(default_factory=dict)
     appended: list[str] = field(default_factory=list)
     removed: set[str] = field(default_factory=set)
-
-
-def _matches(value: Any, cond: Any) -> bool:
-    """LangGraph filter semantics: exact match, nested dicts, ``$eq $ne $gt $gte $lt $lte``."""
-    if isinstance(cond, dict):
-        if any(k.startswith("$") for k in cond):
-            return all(_operator(value, op, arg) for op, arg in cond.items())
-        return isinstance(value, dict) and all(_matches(value.get(k), v) for k, v in cond.items())
-    return value == cond
-
-
-def _operator(value: Any, op: str, arg: Any) -> bool:
-    if op == "$eq":
-        return value == arg
-    if op == "$ne":
-        return value != arg
-    if op in ("$gt", "$gte", "$lt", "$lte"):
-        try:
-            a, b = float(value), float(arg)
-        except (TypeError, ValueError):
-            return False
-        return {"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op]
-    raise InvalidInputError(f"Unsupported filter operator {op!r}; use one of $eq $ne $gt $gte $lt $lte.")
 
 
 def _as_namespace(namespace: Any, what: str = "namespace", allow_empty: bool = False) -> Namespace:
@@ -204,13 +184,19 @@ class HierMemStore(BaseStore):
 
     Search with ``query``: the memory's hits, best first; an internal node's hit stands for the items
     under it (its ``source_ids``), a leaf's hit for its key and any other key that indexed the same text
-    (a memory never returns one text twice); each item is kept once, at the score of its best hit.
-    Over several namespaces the per-namespace rankings are interleaved by rank (scores of different
-    memories are not on one scale). Non-indexed items matching the filter follow, without a score.
-    ``filter`` applies to item values (exact match, nested dicts, ``$eq $ne $gt $gte $lt $lte``); a query
-    search hands it to the memory (``retrieve(where=...)``), which applies it before its top-k, so
-    ``limit`` matching items come back whenever that many exist (a summary's hit then counts only when
-    every item under it matches).
+    (a memory never returns one text twice); each item is kept once, where its best hit ranks. Its
+    ``score`` is, as in LangGraph's stores, the cosine similarity of the query and the item's embedded
+    text (the best of its texts), read from the memory's node vectors (``score="relevance"``: the
+    memory's score of the best hit instead). Over several namespaces the per-namespace rankings are
+    interleaved by rank. Non-indexed items matching the filter follow, without a score.
+    ``filter`` matches item values as LangGraph's ``InMemoryStore`` does (see
+    :mod:`langchain_hiermem.store_semantics`: nested dicts, lists and tuples element by element,
+    ``$eq $ne $gt $gte $lt $lte``, dotted paths such as ``"user.level"``); a query search hands it to the
+    memory (``retrieve(where=...)``), which applies it before its top-k, so ``limit`` matching items
+    come back whenever that many exist (a summary's hit then counts only when every item under it
+    matches). A text over the memory's ``max_message_chars`` (100,000) is indexed as consecutive parts
+    within the limit, all under the item's key (found once, deleted together); the item keeps its value
+    whole.
     Search without ``query`` lists items in namespace then insertion order. ``limit`` / ``offset``
     paginate both.
 
@@ -227,12 +213,17 @@ class HierMemStore(BaseStore):
         policy: retrieval policy of query searches, default ``None`` (each memory's default).
         search_kwargs: the policy's parameters for query searches (e.g. ``{"alpha": 0.1}``), default ``{}``.
         index: LangGraph's ``IndexConfig`` instead of ``embedder`` / ``fields``:
-            ``{"dims": 384, "embed": embeddings, "fields": ["text"]}`` (see :func:`embedder_and_fields`).
+            ``{"dims": 384, "embed": embeddings, "fields": ["text"]}`` (see :func:`embedder_and_fields`);
+            kept (a copy) as :attr:`index_config`, ``None`` without it.
+        score: what ``SearchItem.score`` of a query search holds: ``"similarity"`` (default; the cosine
+            of the query and the item's text, in ``[-1, 1]``, as LangGraph's stores) or ``"relevance"``
+            (the memory's score of the item's best hit, e.g. SegTreeMem's propagated relevance).
 
     Raises:
-        InvalidInputError: both ``memory_factory`` and ``embedder`` / ``memory_kwargs`` (or an ``index``
-            with ``embed``) given; ``index`` together with ``embedder`` or ``fields``; a ``fields`` entry
-            that is not a string; a malformed ``index``.
+        InvalidInputError: ``score`` not ``"similarity"`` or ``"relevance"``; both ``memory_factory``
+            and ``embedder`` / ``memory_kwargs`` (or an ``index`` with ``embed``) given; ``index``
+            together with ``embedder`` or ``fields``; a ``fields`` entry that is not a string; a
+            malformed ``index``.
 
     A store that survives restarts: :meth:`from_conn_string` (SQLite file or PostgreSQL URL).
 
@@ -253,7 +244,13 @@ class HierMemStore(BaseStore):
         policy: str | None = None,
         search_kwargs: dict[str, Any] | None = None,
         index: IndexConfig | None = None,
+        score: str = "similarity",
     ) -> None:
+        if score not in SCORES:
+            raise InvalidInputError(f"score must be 'similarity' or 'relevance', got {score!r}.")
+        #: LangGraph's ``IndexConfig`` given to the constructor (a copy), else ``None``.
+        self.index_config: IndexConfig | None = index.copy() if isinstance(index, dict) else index
+        self.score = score
         if index is not None:
             if embedder is not None or fields is not None:
                 raise InvalidInputError(
@@ -561,18 +558,26 @@ class HierMemStore(BaseStore):
     def _add_texts(self, ns: Namespace, ops: list[PutOp], pending: list[_Added]) -> _Added:
         space = self._spaces.get(ns) or _Space()
         self._memory(ns, space)
+        texts = [
+            (op.key, path, text)
+            for op in ops
+            if op.value is not None
+            for path, text in self._texts(op.value, op.index)
+        ]
+        if texts and space.memory is None:
+            space.memory = self._new_memory(ns, pending)
+        limit = int(getattr(space.memory, "max_message_chars", 0) or 0)
         messages: list[Message] = []
-        for op in ops:
-            if op.value is None:
-                continue
-            for path, text in self._texts(op.value, op.index):
-                messages.append(
-                    Message(text, id=op.key, metadata={"namespace": list(ns), "key": op.key, "field": path})
-                )
+        for key, path, text in texts:
+            parts = split_text(text, limit) if limit and len(text) > limit else [text]
+            for n, part in enumerate(parts):  # a text over the memory's limit is indexed in parts
+                md: dict[str, Any] = {"namespace": list(ns), "key": key, "field": path}
+                if len(parts) > 1:
+                    md.update(part=n, parts=len(parts))
+                messages.append(Message(part, id=key, metadata=md))
         added = _Added(ns, space, ops)
         if messages:
-            if space.memory is None:
-                space.memory = self._new_memory(ns, pending)
+            assert space.memory is not None
             report = space.memory.add(messages)  # atomic: on error this memory is unchanged
             for m, lid in zip(messages, report.leaf_ids):
                 added.leaves.setdefault(m.id or "", []).append(lid)
@@ -634,14 +639,17 @@ class HierMemStore(BaseStore):
     def _search(self, op: SearchOp) -> list[SearchItem]:
         if op.limit < 0 or op.offset < 0:
             raise InvalidInputError(f"limit and offset must be >= 0, got {op.limit} and {op.offset}.")
+        check_filter(op.filter)
         prefix = tuple(op.namespace_prefix)
         spaces = [(ns, s) for ns, s in self._spaces.items() if ns[: len(prefix)] == prefix and s.items]
         want = op.offset + op.limit
         if want == 0:
             return []
 
+        flt = self._filter_form(op.filter) if op.filter else None
+
         def keep(item: Item) -> bool:
-            return not op.filter or all(_matches(item.value.get(k), c) for k, c in op.filter.items())
+            return item_matches(item.value, flt)
 
         if not op.query:
             out = [self._search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
@@ -658,6 +666,11 @@ class HierMemStore(BaseStore):
                 if key not in s.leaves and keep(it)
             )
         return ranked[op.offset : want]
+
+    @staticmethod
+    def _filter_form(flt: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The filter as it is compared with the stored values (a durable store: in JSON form)."""
+        return flt
 
     def _ranked(
         self, ns: Namespace, space: _Space, query: str, want: int, keep: Callable[[Item], bool] | None
@@ -681,22 +694,28 @@ class HierMemStore(BaseStore):
         if keep is not None:
             params["where"] = self._where(space, twins, keep, params.get("where"))
         k = want
-        for _ in range(_MAX_WIDEN):
-            hits = mem.retrieve(query, k=k, policy=self.policy, **params)
-            out: list[SearchItem] = []
-            seen: set[str] = set()
-            for h in hits:
-                keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
-                for key in keys:
-                    item = space.items.get(key)
-                    if key in seen or item is None or (keep is not None and not keep(item)):
-                        continue
-                    seen.add(key)
-                    out.append(self._search_item(item, h.score))
-            if len(out) >= want or len(hits) < k:
-                return out[:want]
-            k *= 2
-        return out[:want]
+        with capture_query_vector(mem) as qvecs:
+            for _ in range(_MAX_WIDEN):
+                hits = mem.retrieve(query, k=k, policy=self.policy, **params)
+                out: list[tuple[Item, float]] = []
+                seen: set[str] = set()
+                for h in hits:
+                    keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
+                    for key in keys:
+                        item = space.items.get(key)
+                        if key in seen or item is None or (keep is not None and not keep(item)):
+                            continue
+                        seen.add(key)
+                        out.append((item, h.score))
+                if len(out) >= want or len(hits) < k:
+                    break
+                k *= 2
+        out = out[:want]
+        if self.score == "similarity" and out:
+            leaves = {it.key: space.leaves.get(it.key, []) for it, _ in out}
+            sims = similarity_scores(mem, query, leaves, qvecs)
+            return [self._search_item(it, sims.get(it.key)) for it, _ in out]
+        return [self._search_item(it, score) for it, score in out]
 
     @staticmethod
     def _where(

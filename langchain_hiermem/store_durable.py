@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from datetime import datetime
 from typing import Any
@@ -72,6 +72,7 @@ from .store_items import (
     _SQLiteItems,
     _target,
 )
+from .store_semantics import json_form
 
 __all__ = ["FORMAT", "KIND", "MEMORY_PREFIX", "SCHEMA", "DurableHierMemStore"]
 
@@ -101,6 +102,7 @@ class DurableHierMemStore(HierMemStore):
             acknowledged put survives power loss), ``"EXTRA"`` or ``"NORMAL"`` (survives a process crash).
             A PostgreSQL server decides its own durability; only ``"FULL"`` is accepted with a URL.
         pool_size: most connections of each of the memories' two PostgreSQL pools, default 8.
+        score: what ``SearchItem.score`` holds (see :class:`HierMemStore`), default ``"similarity"``.
 
     Raises:
         InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`).
@@ -122,8 +124,10 @@ class DurableHierMemStore(HierMemStore):
         search_kwargs: dict[str, Any] | None = None,
         synchronous: str = "FULL",
         pool_size: int = 8,
+        score: str = "similarity",
     ) -> None:
         super().__init__(
+            score=score,
             memory_factory=memory_factory,
             embedder=embedder,
             fields=fields,
@@ -459,6 +463,12 @@ class DurableHierMemStore(HierMemStore):
                 "(not NaN or infinity), booleans and None."
             ) from None
         return op._replace(value=value)
+
+    @staticmethod
+    def _filter_form(flt: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The filter in JSON form (tuples as lists), as the stored values are: ``("x", "y")`` matches a
+        value put as a tuple, which comes back as a list."""
+        return json_form(flt)
 
     def _apply_puts(self, ops: list[PutOp]) -> None:
         """:meth:`HierMemStore._apply_puts`, recording the memories the run creates."""

@@ -1,0 +1,254 @@
+"""LangGraph's item semantics for :class:`~langchain_hiermem.store.HierMemStore`: filters, scores, long texts.
+
+- **Filters** (:func:`item_matches`) match as LangGraph's ``InMemoryStore`` does
+  (``langgraph.store.memory._compare_values``): a dict without operators matches a dict value key by key
+  (recursively, extra keys allowed); a list or tuple matches a list or tuple of the same length element
+  by element (so ``("x", "y")`` matches ``["x", "y"]``); a dict of operators applies each of ``$eq $ne
+  $gt $gte $lt $lte`` (``$eq`` / ``$ne`` with Python's ``==``, the others on ``float()`` of both sides);
+  anything else is ``==``. A filter key names a top-level field; a key with dots (``"user.level"``) that
+  is not itself a field names a nested field, as in LangGraph's ``SqliteStore`` (``json_extract``).
+  Departures: an operator whose operands are not numbers (a missing field, a non-numeric string) does
+  not match, where ``InMemoryStore`` raises ``TypeError`` / ``ValueError`` from the whole search; an
+  unknown operator is refused before the search, whether or not an item reaches it.
+- **Scores** (:func:`similarity_scores`): the cosine similarity of the query and an item's embedded texts,
+  its best text counting (LangGraph's max pooling), from the vectors the memory already holds.
+- **Long texts** (:func:`split_text`): a text over the memory's per-message limit is indexed in parts.
+
+References:
+    LangGraph ``langgraph.store.memory.InMemoryStore`` (``_compare_values``, ``_apply_operator``,
+    ``_cosine_similarity``); ``langgraph.store.sqlite.SqliteStore`` (dotted filter keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import numpy as np
+
+from shared_core.types import InvalidInputError
+
+__all__ = [
+    "OPERATORS",
+    "capture_query_vector",
+    "check_filter",
+    "compare_values",
+    "cosine_scores",
+    "field_value",
+    "item_matches",
+    "json_form",
+    "similarity_scores",
+    "split_text",
+]
+
+#: The filter operators LangGraph's stores support.
+OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+_MISSING = object()
+
+
+def check_filter(flt: Any) -> None:
+    """Check a search filter before it is used.
+
+    Args:
+        flt: ``None`` or a mapping of field name (or dotted path) to a condition.
+
+    Raises:
+        InvalidInputError: not a mapping, a field name that is not a string, or an operator dict (one
+            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`.
+    """
+    if flt is None:
+        return
+    if not isinstance(flt, Mapping):
+        raise InvalidInputError(
+            f"filter must be a dict such as {{'kind': 'note'}}, got {type(flt).__name__}."
+        )
+    for key, cond in flt.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"A filter key is a field name (string), got {key!r}.")
+        _check_condition(cond)
+
+
+def _check_condition(cond: Any) -> None:
+    if isinstance(cond, Mapping):
+        if any(isinstance(k, str) and k.startswith("$") for k in cond):
+            bad = [k for k in cond if k not in OPERATORS]
+            if bad:
+                raise InvalidInputError(
+                    f"Unsupported filter operator(s) {', '.join(map(repr, bad))}; use {' '.join(OPERATORS)}."
+                )
+            return
+        for v in cond.values():
+            _check_condition(v)
+    elif isinstance(cond, (list, tuple)):
+        for v in cond:
+            _check_condition(v)
+
+
+def compare_values(value: Any, cond: Any) -> bool:
+    """Whether a field's value matches a filter condition (``InMemoryStore``'s ``_compare_values``).
+
+    Args:
+        value: the item's field value (``None`` when absent).
+        cond: the condition: an operator dict, a dict, a list / tuple, or a plain value.
+
+    Returns:
+        The verdict; an operator that cannot compare its operands gives ``False``.
+
+    Raises:
+        InvalidInputError: an unsupported operator.
+    """
+    if isinstance(cond, dict):
+        if any(k.startswith("$") for k in cond if isinstance(k, str)):
+            return all(_operator(value, op, arg) for op, arg in cond.items())
+        if not isinstance(value, dict):
+            return False
+        return all(compare_values(value.get(k), v) for k, v in cond.items())
+    if isinstance(cond, (list, tuple)):
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(cond)
+            and all(compare_values(v, c) for v, c in zip(value, cond))
+        )
+    return bool(value == cond)
+
+
+def _operator(value: Any, op: Any, arg: Any) -> bool:
+    if op == "$eq":
+        return bool(value == arg)
+    if op == "$ne":
+        return bool(value != arg)
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        try:
+            a, b = float(value), float(arg)
+        except (TypeError, ValueError, OverflowError):
+            return False
+        if op == "$gt":
+            return a > b
+        if op == "$gte":
+            return a >= b
+        return a < b if op == "$lt" else a <= b
+    raise InvalidInputError(f"Unsupported filter operator {op!r}; use one of {' '.join(OPERATORS)}.")
+
+
+def field_value(value: Mapping[str, Any], key: str) -> Any:
+    """The value a filter key names: the field ``key``, else (a key with dots that is not a field) the
+    nested field it spells (``"user.level"`` -> ``value["user"]["level"]``); ``None`` when absent."""
+    got = value.get(key, _MISSING)
+    if got is not _MISSING:
+        return got
+    if "." not in key:
+        return None
+    cur: Any = value
+    for part in key.split("."):
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(part, _MISSING)
+        if cur is _MISSING:
+            return None
+    return cur
+
+
+def item_matches(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
+    """Whether an item's value passes a search filter (every key's condition holds; see the module)."""
+    return not flt or all(compare_values(field_value(value, k), c) for k, c in flt.items())
+
+
+def json_form(x: Any) -> Any:
+    """``x`` as a JSON round trip gives it back for comparison: tuples as lists, recursively (a durable
+    store keeps values as JSON, so a filter is compared in the same form)."""
+    if isinstance(x, (list, tuple)):
+        return [json_form(v) for v in x]
+    if isinstance(x, dict):
+        return {k: json_form(v) for k, v in x.items()}
+    return x
+
+
+def cosine_scores(query_vec: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Cosine similarity of a query vector and each row, clipped to ``[-1, 1]`` (a zero row gives 0)."""
+    q = np.asarray(query_vec, dtype=np.float64).reshape(-1)
+    m = np.asarray(vectors, dtype=np.float64).reshape(len(vectors), -1)
+    qn = float(np.linalg.norm(q))
+    norms = np.linalg.norm(m, axis=1)
+    out = np.zeros(len(m))
+    ok = norms > 0
+    if qn > 0 and ok.any():
+        out[ok] = (m[ok] @ q) / (norms[ok] * qn)
+    return np.clip(out, -1.0, 1.0)
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """Split a text into consecutive parts of at most ``limit`` characters that join back to it.
+
+    A part ends after the last whitespace of its window when that lies in the window's second half
+    (so words are not cut), else exactly at ``limit`` characters.
+
+    Args:
+        text: the text.
+        limit: the longest part, in characters (at least 1).
+
+    Returns:
+        ``[text]`` when it fits, else the parts in order (``"".join(parts) == text``).
+
+    Raises:
+        InvalidInputError: ``limit`` below 1.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInputError(f"limit must be a positive integer, got {limit!r}.")
+    parts: list[str] = []
+    start = 0
+    while len(text) - start > limit:
+        window = text[start : start + limit]
+        cut = max(window.rfind(" "), window.rfind("\n"), window.rfind("\t")) + 1
+        if cut <= limit // 2:
+            cut = limit
+        parts.append(text[start : start + cut])
+        start += cut
+    parts.append(text[start:])
+    return parts
+
+
+@contextmanager
+def capture_query_vector(mem: Any) -> Iterator[dict[str, np.ndarray]]:
+    """While the block runs, record the query vectors ``mem`` computes (its ``_embed_query``), by query
+    text, so a score can reuse the memory's own embedding of the query instead of embedding it again."""
+    seen: dict[str, np.ndarray] = {}
+    inner = mem._embed_query
+
+    def embed_query(query: str) -> np.ndarray:
+        v = inner(query)
+        seen[query] = v
+        return v
+
+    mem._embed_query = embed_query
+    try:
+        yield seen
+    finally:
+        with suppress(AttributeError):
+            del mem._embed_query
+
+
+def similarity_scores(
+    mem: Any, query: str, leaves: Mapping[str, Sequence[int]], seen: Mapping[str, np.ndarray]
+) -> dict[str, float]:
+    """Per key, the cosine similarity of the query and the key's embedded texts, the best one counting
+    (LangGraph's max pooling over an item's fields).
+
+    Args:
+        mem: the namespace's memory (its node vectors are read, nothing is embedded for the items).
+        query: the query; embedded (once) only when the retrieval did not embed it (not in ``seen``).
+        leaves: the memory leaves of each key to score.
+        seen: the query vectors the retrieval computed (:func:`capture_query_vector`).
+
+    Returns:
+        ``{key: score}`` with scores in ``[-1, 1]``, for keys that have at least one leaf in the memory.
+    """
+    with mem._lock:
+        qvec = seen[query] if query in seen else mem._embed_query(query)
+        nodes = mem._store.nodes
+        out: dict[str, float] = {}
+        for key, lids in leaves.items():
+            present = [lid for lid in lids if lid in nodes]
+            if present:
+                out[key] = float(cosine_scores(qvec, mem._vectors(present)).max())
+        return out
