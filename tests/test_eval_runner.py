@@ -177,16 +177,18 @@ def test_reference_specs_and_added_methods():
     assert R.memory_facts(hat, memory_llm=True)["default_policy"] == "agent"
     with pytest.raises(InvalidInputError):
         R.memory_facts(R.parse_methods("bm25")[0])
-    # the default policy goes after the build's methods, the reference baseline at the end, once
+    # the default and collapsed policies go after the build's methods, the flat reference at the end, once
     specs = R.with_references(R.parse_methods("segtree:collapsed,bm25,segtree[hybrid_weight=0.3]:top_down"))
     assert [s.name for s in specs] == [
         "segtree:collapsed",
         "segtree:top_down",
         "bm25",
         "segtree[hybrid_weight=0.3]:top_down",
+        "segtree[hybrid_weight=0.3]:collapsed",
         "fusion",
         "fusion[hybrid_weight=0.3]",
     ]
+    assert specs[4].policy == "collapsed" and specs[4].build == "segtree[hybrid_weight=0.3]"
     assert specs[1].build == "segtree" and specs[1].policy == "top_down"
     # other memories: whatever their configuration says (their defaults may change)
     specs = R.parse_methods("memtree:traversal,hat:greedy,fusion")
@@ -196,6 +198,8 @@ def test_reference_specs_and_added_methods():
         expected += [s.name] + (
             [f"{s.build}:{facts['default_policy']}"] if facts["default_policy"] != s.policy else []
         )
+        if "collapsed" not in (s.policy, facts["default_policy"]):
+            expected.append(f"{s.build}:collapsed")
         ref = R.reference_spec(facts["relevance"], facts["hybrid_weight"]).name
         if ref != "fusion" and ref not in refs:
             refs.append(ref)
@@ -229,6 +233,7 @@ def test_compare_methods_by_hand():
         "segtree:collapsed": _agg({"d1": 0.80, "d2": 0.40}, "segtree", "segtree"),
         "segtree:top_down": _agg({"d1": 0.70, "d2": 0.50}, "segtree", "segtree"),
         "hat:greedy": _agg({"d1": 0.30, "d2": 0.20}, "hat", "hat"),
+        "hat:collapsed": _agg({"d1": 0.35, "d2": 0.25}, "hat", "hat"),
         "flat_dense": _agg({"d1": 0.40, "d2": 0.30}, "flat_dense"),
         "bm25": _agg({"d1": 0.65, "d2": 0.35}, "bm25"),
         "bm25_unstemmed": _agg({"d1": 0.95, "d2": 0.95}, "bm25_unstemmed"),  # does not count
@@ -249,37 +254,48 @@ def test_compare_methods_by_hand():
         "value": pytest.approx(0.51),
     }
     seg = comp["memories"]["segtree"]
-    assert (seg["default"], seg["reference"], seg["relevance"], seg["hybrid_weight"]) == (
+    assert (seg["default"], seg["collapsed"], seg["reference"], seg["relevance"], seg["hybrid_weight"]) == (
         "segtree:top_down",
+        "segtree:collapsed",
         "fusion",
         "hybrid",
         0.5,
     )
+    # the three numbers: margin = default - best flat, tree share = default - collapsed (same relevance,
+    # no structure), corpus share = collapsed - the flat reference with that relevance (fusion)
     d1 = seg["by_dataset"]["d1"]["evidence_recall"]
-    assert d1["tree_share"] == pytest.approx(0.70 - 0.60)
     assert d1["margin_over_best_flat"] == pytest.approx(0.70 - 0.65) and d1["best_flat_method"] == "bm25"
+    assert d1["tree_share"] == pytest.approx(0.70 - 0.80)
+    assert d1["corpus_share"] == pytest.approx(0.80 - 0.60)
+    assert (d1["default"], d1["collapsed"], d1["reference"]) == (0.70, 0.80, 0.60)
     d2 = seg["by_dataset"]["d2"]["span_recall"]
-    assert d2["tree_share"] == pytest.approx(0.50 - 0.42)
-    assert d2["margin_over_best_flat"] == pytest.approx(0.50 - 0.45)
-    assert seg["overall"]["evidence_recall"]["tree_share"] == pytest.approx(0.60 - 0.51)
+    assert d2["margin_over_best_flat"] == pytest.approx(0.60 - 0.55)
+    assert d2["tree_share"] == pytest.approx(0.60 - 0.50)
+    assert d2["corpus_share"] == pytest.approx(0.50 - 0.52)
+    pooled = seg["overall"]["evidence_recall"]
+    assert pooled["tree_share"] == pytest.approx(0.60 - 0.60, abs=1e-12)
+    assert pooled["corpus_share"] == pytest.approx(0.60 - 0.51)
+    assert "ci95" not in pooled and "bootstrap" not in comp  # no per-query rows, no intervals
     hat = comp["memories"]["hat"]
     assert (hat["reference"], hat["hybrid_weight"]) == ("flat_dense", None)
-    assert hat["by_dataset"]["d1"]["answer_token_recall"]["tree_share"] == pytest.approx(0.30 - 0.40)
-    assert hat["by_dataset"]["d1"]["answer_token_recall"]["margin_over_best_flat"] == pytest.approx(
-        0.30 - 0.65
-    )
+    hat_d1 = hat["by_dataset"]["d1"]["answer_token_recall"]
+    assert hat_d1["tree_share"] == pytest.approx(0.30 - 0.35)
+    assert hat_d1["corpus_share"] == pytest.approx(0.35 - 0.40)
+    assert hat_d1["margin_over_best_flat"] == pytest.approx(0.30 - 0.65)
     assert "note" not in seg and "note" not in hat
+    assert comp["fusion_weights"] is None  # one fusion weight: no sweep
 
-    # a missing reference or default leaves the share undefined, with a note
+    # a missing reference or default leaves the shares that need it undefined, with a note
     del methods["fusion"]
-    facts["hat"] = {"default_policy": "collapsed", "relevance": "dense", "hybrid_weight": 0.5}
+    facts["hat"] = {"default_policy": "agent", "relevance": "dense", "hybrid_weight": 0.5}
     comp = R.compare_methods(methods, facts)
     seg = comp["memories"]["segtree"]
-    assert (
-        seg["overall"]["evidence_recall"]["tree_share"] is None and "fusion was not evaluated" in seg["note"]
-    )
+    assert seg["overall"]["evidence_recall"]["corpus_share"] is None
+    assert "fusion was not evaluated" in seg["note"]
+    assert seg["overall"]["evidence_recall"]["tree_share"] is not None
     assert seg["overall"]["evidence_recall"]["margin_over_best_flat"] is not None
-    assert comp["memories"]["hat"]["overall"]["evidence_recall"]["default"] is None
+    hat_o = comp["memories"]["hat"]["overall"]["evidence_recall"]
+    assert hat_o["default"] is None and hat_o["tree_share"] is None and hat_o["corpus_share"] is not None
 
     # the Markdown marks the best flat baseline and shows margin and share for each memory default
     doc = {
@@ -295,12 +311,12 @@ def test_compare_methods_by_hand():
     assert "| bm25 | **0.650** | **0.750** | **0.450** |" in md
     assert "| bm25_unstemmed | 0.950 |" in md  # reported, never marked
     assert (
-        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.700 | bm25 0.650 | +0.050 | "
-        "fusion 0.600 | +0.100 |" in md
+        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.700 | bm25 0.650 | +0.050 | 0.800 | "
+        "-0.100 | fusion 0.600 | +0.200 |" in md
     )
     assert (
-        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.600 | fusion 0.510 | +0.090 | "
-        "fusion 0.510 | +0.090 |" in md
+        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.600 | fusion 0.510 | +0.090 | 0.600 | "
+        "+0.000 | fusion 0.510 | +0.090 |" in md
     )
 
 
@@ -561,7 +577,7 @@ def test_resume_recomputes_a_missing_conversation_only(tmp_path, monkeypatch):
     assert set(second["methods"]["bm25"]["by_dataset"]) == {"one", "two"}
 
 
-def test_tree_share_in_results_json_is_the_difference_of_the_two_rows(tmp_path):
+def test_three_numbers_in_results_json_are_differences_of_the_rows(tmp_path):
     conv = tiny_conversation()
     f1 = write_jsonl(tmp_path / "one.jsonl", conv)
     conv2 = tiny_conversation()
@@ -575,29 +591,42 @@ def test_tree_share_in_results_json_is_the_difference_of_the_two_rows(tmp_path):
         out=out,
         progress=False,
         embedder=BowEmbedder(),
+        n_resamples=500,
     )
     doc = json.loads((out / "results.json").read_text())
     names = [m["name"] for m in doc["config"]["methods"]]
-    # added for the comparison: each memory's default policy and its no-structure reference
-    assert names[:5] == [
+    # added for the comparison: each memory's default and collapsed policies and its flat reference
+    assert names[:6] == [
         "segtree[relevance=bm25]:collapsed",
         "segtree[relevance=bm25]:top_down",
         "segtree[relevance=dense]:bottom_up",
         "segtree[relevance=dense]:top_down",
+        "segtree[relevance=dense]:collapsed",
         "flat_dense",
     ]
-    assert "bm25" in names[5:]
+    assert "bm25" in names[6:] and "xmemory:collapsed" in names
     comp = doc["comparison"]
     flats = [n for n in names if n in R.COUNTED_BASELINES]
     assert comp["flat_baselines"] == flats
+    assert comp["bootstrap"]["resamples"] == 500 and comp["bootstrap"]["seed"] == 0
     mems = comp["memories"]
     assert list(mems) == ["segtree[relevance=bm25]", "segtree[relevance=dense]", "xmemory"]
     assert mems["segtree[relevance=bm25]"]["reference"] == "bm25"
     assert mems["segtree[relevance=dense]"]["reference"] == "flat_dense"
+    assert mems["segtree[relevance=dense]"]["collapsed"] == "segtree[relevance=dense]:collapsed"
     built = json.loads((out / "conversations" / "one__one.json").read_text())["builds"]
     assert built["segtree[relevance=bm25]"]["memory"]["relevance"] == "bm25"
-    shares: list[float] = []
+    # the per-query rows: one JSON line per question and method
+    lines = [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines()]
+    n_q = len(conv.queries) + len(conv2.queries)
+    assert len(lines) == n_q * len(names)
+    assert set(lines[0]) >= {"conversation", "query_id", "category", "method", "evidence_recall"}
+    assert {"returned_tokens", "span_recall", "answer_token_recall"} <= set(lines[0])
+    per: dict[str, list[dict]] = {}
+    for row in lines:
+        per.setdefault(row["method"], []).append(row)
     values: list[float] = []
+    n_cells = 0
     for m in mems.values():
         for scope, cells in [(None, m["overall"]), *m["by_dataset"].items()]:
             for metric, c in cells.items():
@@ -607,24 +636,45 @@ def test_tree_share_in_results_json_is_the_difference_of_the_two_rows(tmp_path):
                         if scope is None
                         else doc["methods"][n]["by_dataset"][scope]["overall"]
                     )
-                    for n in (m["default"], m["reference"], *flats)
+                    for n in (m["default"], m["collapsed"], m["reference"], *flats)
                 }
-                d, r = rows[m["default"]][metric], rows[m["reference"]][metric]
-                assert c["default"] == d and c["reference"] == r
-                assert c["tree_share"] == pytest.approx(d - r, abs=1e-12)
+                d, col, r = (rows[n][metric] for n in (m["default"], m["collapsed"], m["reference"]))
+                assert (c["default"], c["collapsed"], c["reference"]) == (d, col, r)
+                assert c["tree_share"] == pytest.approx(d - col, abs=1e-12)
+                assert c["corpus_share"] == pytest.approx(col - r, abs=1e-12)
                 best = max(rows[n][metric] for n in flats)
                 assert c["best_flat"] == best
                 assert c["margin_over_best_flat"] == pytest.approx(d - best, abs=1e-12)
-                shares.append(c["tree_share"])
-                values.extend([d, r])
-    assert len(shares) == 3 * 3 * 3  # three memories, overall + two datasets, three metrics
+                # each interval: the bootstrap recomputed from queries.jsonl with numpy
+                for key, (a, b) in {
+                    "margin_over_best_flat": (m["default"], c["best_flat_method"]),
+                    "tree_share": (m["default"], m["collapsed"]),
+                    "corpus_share": (m["collapsed"], m["reference"]),
+                }.items():
+                    ra = [x for x in per[a] if scope is None or x["dataset"] == scope]
+                    rb = {(x["dataset"], x["query_id"]): x[metric] for x in per[b]}
+                    pairs = [
+                        (x[metric], rb[(x["dataset"], x["query_id"])])
+                        for x in ra
+                        if x[metric] is not None and rb[(x["dataset"], x["query_id"])] is not None
+                    ]
+                    diff = np.array([p - q for p, q in pairs])
+                    idx = np.random.default_rng(0).integers(0, len(diff), size=(500, len(diff)))
+                    lo, hi = np.percentile(diff[idx].mean(axis=1), [2.5, 97.5])
+                    assert c["ci95"][key] == pytest.approx([lo, hi], abs=1e-12)
+                    assert float(np.mean(diff)) == pytest.approx(c[key], abs=1e-12)
+                n_cells += 1
+                values.extend([d, col, r])
+    assert n_cells == 3 * 3 * 3  # three memories, overall + two datasets, three metrics
     # not vacuous: the rows compared hold values (the arithmetic itself is worked by hand in
-    # test_compare_methods_by_hand, where the share is non-zero)
+    # test_compare_methods_by_hand, where the shares are non-zero)
     assert any(v > 0 for v in values)
     assert set(mems["segtree[relevance=dense]"]["by_dataset"]) == {"one", "two"}
     md = (out / "results.md").read_text()
     assert "Memories against the flat baselines (one)" in md and "(all queries pooled)" in md
     assert "| segtree[relevance=dense]:top_down | dense | evidence recall@1 |" in md
+    assert "95% paired bootstrap intervals (500 resamples of the questions, seed 0" in md
+    assert doc["files"]["queries"] == "queries.jsonl"
 
 
 def test_run_eval_input_errors(tmp_path):

@@ -41,6 +41,13 @@ def _num(v: Any, signed: bool = False) -> str:
     return "—" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
 
 
+def _ci(c: Any, key: str) -> str:
+    """A signed difference and its 95% interval, e.g. ``+0.050 [+0.010, +0.090]``."""
+    ci = (c.get("ci95") or {}).get(key)
+    text = _num(c.get(key), True)
+    return text + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci and c.get(key) is not None else "")
+
+
 def _make_llm(spec: str | None, base_url: str | None) -> Any:
     if spec is None:
         return None
@@ -68,7 +75,32 @@ def _make_embedder(spec: str, base_url: str | None) -> Any:
     return OpenAIEmbedder(model, base_url=base_url)
 
 
+def _recorded_command(argv: list[str]) -> str:
+    """The command line as recorded in results.json: absolute paths reduced to their last part."""
+    words = []
+    for a in argv:
+        name, eq, val = a.partition("=")
+        if eq and name.startswith("--") and Path(val).is_absolute():
+            a = f"{name}={Path(val).name}"
+        elif Path(a).is_absolute():
+            a = Path(a).name
+        words.append(shlex.quote(a))
+    return " ".join(["hiermem", "eval", *words])
+
+
 def eval_command(
+    split: str | None = typer.Option(
+        None,
+        "--split",
+        help="A named split under --data: dev (LoCoMo conv-26, conv-30; RealMem Kenta_Tanaka) or validate "
+        "(LoCoMo conv-49, conv-50; RealMem Pak_Budi, Oliver_Smith). Choose on dev, confirm on validate.",
+    ),
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="Data root holding locomo/ and realmem/ for --split (default: $HIERMEM_DATA, else "
+        "../shared/data from the current directory).",
+    ),
     locomo: list[Path] = typer.Option([], "--locomo", help="LoCoMo JSON file (repeat for several)."),
     realmem: list[Path] = typer.Option([], "--realmem", help="RealMem persona JSON file (repeatable)."),
     jsonl: list[Path] = typer.Option([], "--jsonl", help="JSON Lines conversation (repeatable)."),
@@ -81,8 +113,9 @@ def eval_command(
         help="Comma-separated: segtree, memtree, hat, xmemory (every policy), kind:policy "
         "(e.g. segtree:top_down), kind[option=value]:policy, flat_dense, bm25 (stemmed), "
         "bm25_unstemmed, hybrid (RRF), fusion (max-normalised dense + stemmed BM25, "
-        "fusion[hybrid_weight=W]); or all / memories / baselines. Each memory also gets its default "
-        "policy and its no-structure reference baseline (for the tree share).",
+        "fusion[weight=W], several weights make a sweep); or all / memories / baselines. Each memory "
+        "also gets its default policy, its collapsed policy (tree share) and its flat reference "
+        "baseline (corpus share).",
     ),
     k: int = typer.Option(10, "--k", min=1, help="Hits retrieved per query (recall@k)."),
     max_tokens: int | None = typer.Option(
@@ -129,7 +162,9 @@ def eval_command(
 
     One memory per conversation and method, messages added in arrival order, every policy of a memory
     asked each query at its position. Writes results.json (full configuration, per-method and
-    per-category aggregates), results.md, results.png and per-conversation files to --out.
+    per-category aggregates, each memory's margin over the best flat baseline, tree share and corpus
+    share with paired bootstrap 95% intervals), results.md, results.png, queries.jsonl (one line per
+    question and method) and per-conversation files to --out.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from .report import RESULTS_JSON, RESULTS_MD, RESULTS_PNG
@@ -161,9 +196,9 @@ def eval_command(
             embed_cache=embed_cache,
             resume=resume,
             progress=progress,
-            command=" ".join(["hiermem", "eval", *map(shlex.quote, sys.argv[2:])])
-            if len(sys.argv) > 1 and sys.argv[1] == "eval"
-            else None,
+            command=_recorded_command(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "eval" else None,
+            split=split,
+            data_root=data,
         )
     except HierMemError as e:
         raise _fail(e) from None
@@ -196,8 +231,10 @@ def eval_command(
             "evidence R",
             "best flat",
             "margin",
-            "reference",
+            "collapsed",
             "tree share",
+            "reference",
+            "corpus share",
         ):
             share.add_column(
                 col,
@@ -212,14 +249,18 @@ def eval_command(
                 m["relevance"],
                 _num(c.get("default")),
                 f"{c.get('best_flat_method') or '—'} {_num(c.get('best_flat'))}",
-                _num(c.get("margin_over_best_flat"), True),
+                _ci(c, "margin_over_best_flat"),
+                _num(c.get("collapsed")),
+                _ci(c, "tree_share"),
                 f"{m['reference']} {_num(c.get('reference'))}",
-                _num(c.get("tree_share"), True),
+                _ci(c, "corpus_share"),
             )
         _console.print(share)
     if doc.get("resumed_conversations"):
         _console.print(f"resumed: {', '.join(doc['resumed_conversations'])}")
-    _console.print(f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / RESULTS_PNG}")
+    _console.print(
+        f"wrote {out / RESULTS_JSON}, {out / RESULTS_MD}, {out / RESULTS_PNG}, {out / 'queries.jsonl'}"
+    )
 
 
 def bench_command(

@@ -2,10 +2,12 @@
 
 The flat baselines that count (:data:`~shared_core.eval.methods.COUNTED_BASELINES`) are dense, stemmed
 BM25, RRF and ``fusion``. For every memory build, :func:`~shared_core.eval.runner.run_eval` also
-evaluates its default policy and its *no-structure reference*
-(:func:`~shared_core.eval.methods.reference_spec`: the flat baseline with the memory's own relevance);
-:func:`compare_methods` reports per metric the memory default's margin over the best counted flat
-baseline and its *tree share*, the default minus the reference (``results["comparison"]``). Also here:
+evaluates its default policy, its ``collapsed`` policy (the same relevance without the structure) and
+its *flat reference* (:func:`~shared_core.eval.methods.reference_spec`: the flat baseline with the
+memory's own relevance over single messages); :func:`compare_methods` reports per metric three
+numbers (``results["comparison"]``): the default's *margin* over the best counted flat baseline, the
+*tree share* (default minus ``collapsed``) and the *corpus share* (``collapsed`` minus the flat
+reference), each with a paired bootstrap interval when the per-query rows are given. Also here:
 the per-build facts the comparison reads (``_build_facts``) and the NaN-to-``None`` cleaning of plain
 data (``_nan_to_none``) shared with the runner.
 
@@ -18,7 +20,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..relevance import DEFAULT_HYBRID_WEIGHT
 from .methods import BASELINES, COUNTED_BASELINES, MethodSpec, memory_facts, reference_spec
+from .protocol import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, paired_bootstrap, paired_values
 
 __all__ = ["COMPARED_METRICS", "compare_methods"]
 
@@ -41,24 +45,75 @@ def _diff(a: Any, b: Any) -> float | None:
     return None if a is None or b is None else float(a) - float(b)
 
 
+def _fusion_weights(
+    methods: Mapping[str, Any], metrics: Sequence[str], labels: Sequence[str], value: Any
+) -> dict[str, Any] | None:
+    """The ``fusion`` weight sweep: per scope and metric each evaluated weight's value and the best."""
+    fus = {n: m for n, m in methods.items() if m.get("kind") == "fusion"}
+    if len(fus) < 2:
+        return None
+
+    def weight(m: Mapping[str, Any]) -> float:
+        return float((m.get("params") or {}).get("hybrid_weight", DEFAULT_HYBRID_WEIGHT))
+
+    def scope(s: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for metric in metrics:
+            vals = [(n, weight(m), value(n, s, metric)) for n, m in fus.items()]
+            vals = [x for x in vals if x[2] is not None]
+            if not vals:
+                out[metric] = None
+                continue
+            top = max(v for _, _, v in vals)
+            n, w, v = next(x for x in vals if x[2] == top)
+            out[metric] = {
+                "values": {f"{w_:g}": float(v_) for _, w_, v_ in vals},
+                "best_weight": w,
+                "best_method": n,
+                "best_value": float(v),
+            }
+        return out
+
+    return {"overall": scope(None), "by_dataset": {lab: scope(lab) for lab in labels}}
+
+
 def compare_methods(
     methods: Mapping[str, Any],
     facts: Mapping[str, Mapping[str, Any]],
     metrics: Sequence[str] = COMPARED_METRICS,
+    rows: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    *,
+    n_resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
 ) -> dict[str, Any]:
-    """Each memory's default policy against the flat baselines: margin over the best, and tree share.
+    """Each memory's default policy against the flat baselines: three numbers, with intervals.
 
     For every scope (``"overall"``, pooled over all queries, and each dataset) and metric:
 
     * best flat baseline: the highest value among the methods whose kind is in
       :data:`COUNTED_BASELINES` (ties: the first in ``methods`` order);
-    * per memory build, with ``default`` = its default policy's value (``"<build>:<default_policy>"``)
-      and ``reference`` = the value of its no-structure reference (:func:`reference_spec` of the
-      build's relevance): ``tree_share = default - reference`` and
-      ``margin_over_best_flat = default - best flat value``.
+    * per memory build, with ``default`` = its default policy's value (``"<build>:<default_policy>"``),
+      ``collapsed`` = the value of the same build's ``collapsed`` policy (every node ranked by the
+      memory's own relevance, no descent: the same relevance without the structure) and ``reference``
+      = the value of the flat baseline with the memory's relevance over single messages
+      (:func:`reference_spec`: ``fusion`` for ``hybrid``):
 
-    A value is ``None`` when a side is missing (e.g. no evidence ids) and a memory whose default or
-    reference was not evaluated gets a ``note``.
+      - ``margin_over_best_flat = default - best flat value``;
+      - ``tree_share = default - collapsed`` (what the tree's structure earns);
+      - ``corpus_share = collapsed - reference`` (what ranking the memory's nodes, summaries included,
+        earns over ranking single messages with the same relevance);
+
+      so ``tree_share + corpus_share = default - reference``.
+
+    With ``rows`` each cell also holds ``"ci95"``: per number a paired bootstrap interval
+    (:func:`~shared_core.eval.protocol.paired_bootstrap`, questions resampled, ``n_resamples`` with
+    ``seed``) as ``[low, high]``, ``None`` when undefined. The margin's interval holds the best flat
+    baseline fixed (the one chosen on the point values of that scope).
+
+    A value is ``None`` when a side is missing (e.g. no evidence ids); a memory whose default,
+    ``collapsed`` or reference was not evaluated gets a ``note``. With two or more ``fusion`` builds (a
+    weight sweep, e.g. ``fusion,fusion[weight=0.3]``), ``"fusion_weights"`` gives per scope and metric
+    each weight's value and the best weight.
 
     Args:
         methods: per-method aggregates from :func:`~shared_core.eval.runner.aggregate_results`, in
@@ -66,13 +121,23 @@ def compare_methods(
         facts: per memory build key, ``{"default_policy", "relevance", "hybrid_weight"}`` (from
             :func:`memory_facts` or the build itself).
         metrics: the metrics compared, default :data:`COMPARED_METRICS`.
+        rows: per method name its per-query rows (with ``dataset``, ``conversation``, ``query_id`` and
+            the metrics), default ``None`` (no intervals).
+        n_resamples: bootstrap resamples, default :data:`~shared_core.eval.protocol.BOOTSTRAP_RESAMPLES`
+            (10,000).
+        seed: bootstrap seed, default :data:`~shared_core.eval.protocol.BOOTSTRAP_SEED` (0).
 
     Returns:
         ``{"metrics": [...], "flat_baselines": [names], "best_flat": {"overall": {metric: {"method",
         "value"} or None}, "by_dataset": {label: {...}}}, "memories": {build: {"kind", "default",
-        "policy", "relevance", "hybrid_weight" (None unless hybrid), "reference", "overall": {metric:
-        {"default", "reference", "tree_share", "best_flat", "best_flat_method",
-        "margin_over_best_flat"}}, "by_dataset": {label: {...}}}}}``.
+        "policy", "relevance", "hybrid_weight" (None unless hybrid), "collapsed", "reference", "overall":
+        {metric: {"default", "collapsed", "reference", "best_flat", "best_flat_method",
+        "margin_over_best_flat", "tree_share", "corpus_share"[, "ci95"]}}, "by_dataset": {label:
+        {...}}}}, "fusion_weights": {...} or None[, "bootstrap": {"resamples", "seed", "level",
+        "unit"}]}``.
+
+    Raises:
+        InvalidInputError: ``n_resamples`` below 1 (with ``rows``).
     """
     metrics = list(metrics)
     labels = list(dict.fromkeys(lab for m in methods.values() for lab in m.get("by_dataset", {})))
@@ -102,6 +167,13 @@ def compare_methods(
             out[metric] = {"method": n, "value": float(top)}
         return out
 
+    def interval(a: str | None, b: str | None, scope: str | None, metric: str) -> list[float] | None:
+        if rows is None or a not in rows or b not in rows:
+            return None
+        x, y = paired_values(rows[a], rows[b], metric, scope)
+        r = paired_bootstrap(x, y, n_resamples=n_resamples, seed=seed)
+        return None if r is None else [r["low"], r["high"]]
+
     best_flat = {"overall": best(None), "by_dataset": {lab: best(lab) for lab in labels}}
     memories: dict[str, Any] = {}
     for m in methods.values():
@@ -110,23 +182,35 @@ def compare_methods(
             continue
         f = facts[build]
         default = f"{build}:{f['default_policy']}"
+        collapsed = f"{build}:collapsed"
         ref = reference_spec(f["relevance"], f["hybrid_weight"]).name
-        notes = [f"{n} was not evaluated" for n in (default, ref) if n not in methods]
+        notes = [f"{n} was not evaluated" for n in (default, collapsed, ref) if n not in methods]
 
-        def cells(scope: str | None, default: str = default, ref: str = ref) -> dict[str, Any]:
+        def cells(
+            scope: str | None, default: str = default, collapsed: str = collapsed, ref: str = ref
+        ) -> dict[str, Any]:
             bf = best_flat["overall"] if scope is None else best_flat["by_dataset"][scope]
             out: dict[str, Any] = {}
             for metric in metrics:
-                d, r = value(default, scope, metric), value(ref, scope, metric)
+                d, c, r = (value(n, scope, metric) for n in (default, collapsed, ref))
                 b = bf.get(metric) or {}
-                out[metric] = {
+                cell = {
                     "default": d,
+                    "collapsed": c,
                     "reference": r,
-                    "tree_share": _diff(d, r),
                     "best_flat": b.get("value"),
                     "best_flat_method": b.get("method"),
                     "margin_over_best_flat": _diff(d, b.get("value")),
+                    "tree_share": _diff(d, c),
+                    "corpus_share": _diff(c, r),
                 }
+                if rows is not None:
+                    cell["ci95"] = {
+                        "margin_over_best_flat": interval(default, b.get("method"), scope, metric),
+                        "tree_share": interval(default, collapsed, scope, metric),
+                        "corpus_share": interval(collapsed, ref, scope, metric),
+                    }
+                out[metric] = cell
             return out
 
         memories[build] = {
@@ -135,14 +219,28 @@ def compare_methods(
             "policy": f["default_policy"],
             "relevance": f["relevance"],
             "hybrid_weight": f["hybrid_weight"] if f["relevance"] == "hybrid" else None,
+            "collapsed": collapsed,
             "reference": ref,
             "overall": cells(None),
             "by_dataset": {lab: cells(lab) for lab in labels},
             **({"note": "; ".join(notes)} if notes else {}),
         }
-    return _nan_to_none(
-        {"metrics": metrics, "flat_baselines": flats, "best_flat": best_flat, "memories": memories}
-    )
+    doc: dict[str, Any] = {
+        "metrics": metrics,
+        "flat_baselines": flats,
+        "best_flat": best_flat,
+        "memories": memories,
+        "fusion_weights": _fusion_weights(methods, metrics, labels, value),
+    }
+    if rows is not None:
+        doc["bootstrap"] = {
+            "resamples": int(n_resamples),
+            "seed": int(seed),
+            "level": BOOTSTRAP_LEVEL,
+            "unit": "question (paired; conversations are too few to resample as clusters)",
+            "interval": "percentile",
+        }
+    return _nan_to_none(doc)
 
 
 def _build_facts(

@@ -18,7 +18,8 @@ Method specs (``--methods``, comma-separated):
 * ``flat_dense`` (alias ``dense``), ``bm25`` (English stop words + Snowball stemming),
   ``bm25_unstemmed``, ``hybrid`` (alias ``rrf``: reciprocal-rank fusion of dense and stemmed BM25),
   ``fusion`` (max-normalised convex fusion of ``max(cos, 0)`` and stemmed BM25, what a memory's
-  ``hybrid`` relevance amounts to over messages; ``fusion[hybrid_weight=0.3]`` sets the dense weight);
+  ``hybrid`` relevance amounts to over messages; ``fusion[weight=0.3]`` or ``fusion[hybrid_weight=0.3]``
+  sets the dense weight, and several weights make a sweep whose best weight the comparison reports);
 * ``all`` (the default), ``memories``, ``baselines``.
 
 Every public name here is re-exported by :mod:`shared_core.eval.runner`.
@@ -270,8 +271,13 @@ def parse_methods(
 
 
 def _fusion_params(params: tuple[tuple[str, Any], ...], raw: str) -> tuple[tuple[str, Any], ...]:
-    """``fusion`` options with ``hybrid_weight`` as a float and left out at its default (one build key)."""
+    """``fusion`` options with ``hybrid_weight`` (alias ``weight``) as a float, left out at its default
+    (one build key); both names at once is an :class:`InvalidInputError`."""
     out = dict(params)
+    if "weight" in out:
+        if "hybrid_weight" in out:
+            raise InvalidInputError(f"Method {raw!r}: give weight or hybrid_weight, not both.")
+        out["hybrid_weight"] = out.pop("weight")
     if "hybrid_weight" in out:
         try:
             w = check_weight(out["hybrid_weight"])
@@ -396,8 +402,10 @@ def memory_facts(spec: MethodSpec, *, memory_llm: bool = False) -> dict[str, Any
 def with_references(specs: Sequence[MethodSpec], *, memory_llm: bool = False) -> list[MethodSpec]:
     """``specs`` completed with what the comparison needs for every memory build.
 
-    For each memory build: its default policy (inserted after the build's last method when missing)
-    and its no-structure reference (:func:`reference_spec` of its relevance, appended when missing).
+    For each memory build: its default policy, then its ``collapsed`` policy (the same relevance without
+    the structure, for the tree share; when the memory has one), each inserted after the build's last
+    method when missing, and its flat reference (:func:`reference_spec` of its relevance, for the
+    corpus share), appended when missing.
 
     Args:
         specs: the methods, e.g. from :func:`parse_methods`.
@@ -420,6 +428,11 @@ def with_references(specs: Sequence[MethodSpec], *, memory_llm: bool = False) ->
             last = max(i for i, x in enumerate(out) if x.build == s.build)
             out.insert(last + 1, MethodSpec(default, s.build, s.kind, facts["default_policy"], s.params))
             names.add(default)
+        collapsed = f"{s.build}:collapsed"
+        if collapsed not in names and "collapsed" in available_memories()[s.kind].policies:
+            last = max(i for i, x in enumerate(out) if x.build == s.build)
+            out.insert(last + 1, MethodSpec(collapsed, s.build, s.kind, "collapsed", s.params))
+            names.add(collapsed)
         ref = reference_spec(facts["relevance"], facts["hybrid_weight"])
         if ref.name not in names:
             refs.append(ref)

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .protocol import QUERY_ROWS_JSONL
+
 __all__ = ["comparison_of", "markdown_table", "plot_results", "write_report"]
 
 RESULTS_JSON = "results.json"
@@ -23,8 +25,10 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def _signed(v: Any) -> str:
-    return "—" if v is None else f"{float(v):+.3f}"
+    return "—" if v is None else f"{round(float(v), 3) + 0.0:+.3f}"  # + 0.0: no "-0.000"
 
+
+_SHARES = ("margin_over_best_flat", "tree_share", "corpus_share")
 
 _LABELS = {
     "evidence_recall": "evidence recall@{k}",
@@ -60,6 +64,15 @@ def comparison_of(doc: Mapping[str, Any]) -> dict[str, Any]:
     return compare_methods(doc.get("methods", {}), {}, [*COMPARED_METRICS, *(LLM_METRICS if llm else ())])
 
 
+def _with_ci(c: Mapping[str, Any], key: str) -> str:
+    """A signed difference with its 95% interval when there is one, e.g. ``+0.050 [+0.010, +0.090]``."""
+    text = _signed(c.get(key))
+    ci = (c.get("ci95") or {}).get(key)
+    if ci and c.get(key) is not None:
+        text += f" [{_signed(ci[0])}, {_signed(ci[1])}]"
+    return text
+
+
 def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title: str) -> list[str]:
     """The "against the flat baselines" table of one scope (``None`` = overall)."""
     mems = comp.get("memories", {})
@@ -68,9 +81,9 @@ def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title:
     lines = [
         f"### {title}",
         "",
-        "| memory default | relevance | metric | default | best flat baseline | margin | "
-        "no-structure reference | tree share |",
-        "|---|---|---|---:|---|---:|---|---:|",
+        "| memory default | relevance | metric | default | best flat baseline | margin | collapsed | "
+        "tree share | flat reference | corpus share |",
+        "|---|---|---|---:|---|---:|---:|---:|---|---:|",
     ]
     for build, m in mems.items():
         cells = m.get("overall", {}) if scope is None else m.get("by_dataset", {}).get(scope, {})
@@ -93,9 +106,11 @@ def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title:
                         _label(metric, k),
                         _fmt(c.get("default")),
                         best,
-                        _signed(c.get("margin_over_best_flat")),
+                        _with_ci(c, "margin_over_best_flat"),
+                        _fmt(c.get("collapsed")),
+                        _with_ci(c, "tree_share"),
                         ref,
-                        _signed(c.get("tree_share")),
+                        _with_ci(c, "corpus_share"),
                     ]
                 )
                 + " |"
@@ -106,6 +121,23 @@ def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title:
     if notes:
         lines += ["Not computable: " + "; ".join(notes) + ".", ""]
     return lines
+
+
+def _fusion_lines(comp: Mapping[str, Any], split: Any) -> list[str]:
+    """The fusion weight sweep (two or more ``fusion`` weights): each weight's value, the best one."""
+    fw = comp.get("fusion_weights")
+    if not fw:
+        return []
+    where = f"the {split} split" if split else "this run's data"
+    lines = [f"### Flat fusion weight sweep (best weight on {where}, all queries pooled)", ""]
+    lines += ["| metric | " + " | ".join(["values by dense weight w", "best w", "best value"]) + " |"]
+    lines += ["|---|---|---:|---:|"]
+    for metric, c in (fw.get("overall") or {}).items():
+        if not c:
+            continue
+        vals = ", ".join(f"{w}: {_fmt(v)}" for w, v in c["values"].items())
+        lines.append(f"| {metric} | {vals} | {c['best_weight']:g} | {_fmt(c['best_value'])} |")
+    return [*lines, ""]
 
 
 def _datasets(doc: Mapping[str, Any]) -> list[str]:
@@ -121,7 +153,8 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     tokens, median retrieval latency (ms), construction CPU ms and embedding / LLM calls per message,
     plus LLM-judge accuracy and ROUGE-L recall when an LLM was configured; the best flat baseline of
     each quality column is in bold. Per dataset (and pooled, with several datasets) a table of every
-    memory's default policy against the flat baselines: margin over the best one and tree share.
+    memory's default policy against the flat baselines: margin over the best one, tree share and corpus
+    share, with their 95% bootstrap intervals when computed; then the fusion weight sweep, if any.
 
     Args:
         doc: the document returned by :func:`~shared_core.eval.runner.run_eval`.
@@ -140,6 +173,8 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     if cfg.get("max_tokens"):
         facts.append(f"budget {cfg['max_tokens']} returned tokens per query")
     facts.append(f"embedder {cfg.get('embedder')}")
+    if cfg.get("split"):
+        facts.append(f"split {cfg['split']} ({', '.join(cfg.get('split_files') or [])})")
     facts.append(f"add batches: {cfg.get('add_batch')}")
     if cfg.get("max_queries"):
         facts.append(f"first {cfg['max_queries']} queries per conversation")
@@ -231,13 +266,22 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
         lines += _comparison_lines(comp, label, k, f"Memories against the flat baselines ({label})")
     if len(_datasets(doc)) > 1:
         lines += _comparison_lines(comp, None, k, "Memories against the flat baselines (all queries pooled)")
+    lines += _fusion_lines(comp, cfg.get("split"))
     if comp.get("memories"):
         lines.append(
             "Margin: a memory's default policy minus the best flat baseline of the metric. Tree share: the "
-            "default minus its no-structure reference, the flat baseline with the memory's own relevance "
-            "(dense: flat_dense, bm25: bm25, hybrid: fusion with the same weight) over the same messages; "
-            "it is what the tree adds to that relevance."
+            "default minus the same memory's `collapsed` policy (every node ranked by the same relevance, "
+            "no structure). Corpus share: `collapsed` minus the flat reference, the flat baseline with the "
+            "memory's own relevance (dense: flat_dense, bm25: bm25, hybrid: fusion with the same weight) "
+            "over single messages. Margin = tree share + corpus share + (flat reference - best flat)."
         )
+        boot = comp.get("bootstrap")
+        if boot:
+            lines.append(
+                f"Brackets: {100 * boot['level']:g}% paired bootstrap intervals ({boot['resamples']:,} "
+                f"resamples of the questions, seed {boot['seed']}, percentile); the margin's interval "
+                "holds the best flat baseline fixed. Per-query rows: queries.jsonl."
+            )
         lines.append("")
     lines.append(
         "Evidence recall counts leaf hits only; span recall counts every leaf under any hit. Latency "
@@ -251,7 +295,8 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
 
     Top row: one group of bars per method, with a dashed line at the best flat baseline's evidence
     recall. Bottom row (when the run has memories): per memory default policy, its evidence-recall margin
-    over the best flat baseline and its tree share (default minus its no-structure reference).
+    over the best flat baseline, its tree share (default minus ``collapsed``) and its corpus share
+    (``collapsed`` minus the flat reference), with 95% bootstrap intervals as error bars when computed.
 
     Args:
         doc: the results document.
@@ -279,7 +324,7 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
     top_h = max(3.0, 0.3 * len(names) * max(1, len(metrics)) / 2 + 1.5)
     bottom_h = max(1.8, 0.45 * len(mems) + 1.0) if mems else 0.0
     rows = 2 if mems else 1
-    n_legend = len(metrics) + 1 + (2 if mems else 0)
+    n_legend = len(metrics) + 1 + (3 if mems else 0)
     ncol = max(1, min(n_legend, 2 * len(datasets)))
     legend_h = 0.25 * -(-n_legend // ncol) + 0.2  # inches below the panels
     fig_h = top_h + bottom_h + legend_h + 0.4
@@ -323,22 +368,29 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
         for label in datasets:
             for b in builds:
                 c = ((mems[b].get("by_dataset", {}).get(label) or {}).get("evidence_recall")) or {}
-                for key in ("margin_over_best_flat", "tree_share"):
+                for key in _SHARES:
                     if c.get(key) is not None:
                         span = max(span, abs(float(c[key])))
+                    ci = (c.get("ci95") or {}).get(key)
+                    if ci:
+                        span = max(span, abs(float(ci[0])), abs(float(ci[1])))
         for ax, label in zip(axes[1], datasets):
             series = (
                 ("margin over best flat", "margin_over_best_flat", "#8172b3"),
-                ("tree share (vs no-structure reference)", "tree_share", "#937860"),
+                ("tree share (default - collapsed)", "tree_share", "#937860"),
+                ("corpus share (collapsed - flat reference)", "corpus_share", "#55a868"),
             )
             for j, (text, key, color) in enumerate(series):
-                vals = []
+                vals, err = [], [[], []]
                 for b in builds:
                     c = ((mems[b].get("by_dataset", {}).get(label) or {}).get("evidence_recall")) or {}
                     v = c.get(key)
                     vals.append(0.0 if v is None else float(v))
-                ys = [i + (j - 0.5) * 0.4 for i in range(len(builds))]
-                ax.barh(ys, vals, height=0.4, color=color, label=text)
+                    ci = (c.get("ci95") or {}).get(key)
+                    err[0].append(0.0 if not ci or v is None else max(0.0, float(v) - ci[0]))
+                    err[1].append(0.0 if not ci or v is None else max(0.0, ci[1] - float(v)))
+                ys = [i + (j - 1) * 0.27 for i in range(len(builds))]
+                ax.barh(ys, vals, height=0.27, color=color, label=text, xerr=err, capsize=2)
             ax.axvline(0.0, color="0.2", linewidth=0.8)
             ax.set_yticks(range(len(builds)))
             ax.set_yticklabels(ylabels, fontsize=8)
@@ -377,6 +429,8 @@ def write_report(doc: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
         "png": RESULTS_PNG,
         "conversations": "conversations/",
     }
+    if (d / QUERY_ROWS_JSONL).is_file():
+        files["queries"] = QUERY_ROWS_JSONL
     doc["files"] = files
     (d / RESULTS_MD).write_text(markdown_table(doc), encoding="utf-8")
     plot_results(doc, d / RESULTS_PNG)

@@ -9,13 +9,16 @@ With an LLM, an :class:`~shared_core.eval.judge.AnswerJudge` writes an answer fr
 it. Results are written per conversation (so a run can resume) and aggregated into one JSON document,
 a Markdown table and a PNG chart (:mod:`shared_core.eval.report`).
 
-This module holds the protocol (the shared :class:`CachingEmbedder`, :func:`load_datasets`, the online
-loop of :func:`evaluate_conversation`), the aggregation (:func:`aggregate_results`) and the run
-(:func:`run_eval`). Method specs (``--methods``: :class:`MethodSpec`, :func:`parse_methods`, the flat
-baselines, :func:`reference_spec`, :func:`memory_facts`, :func:`with_references`) live in
-:mod:`shared_core.eval.methods`; the comparison of the memories with the flat baselines
-(:func:`compare_methods`: margin over the best counted flat baseline and tree share, the default minus
-its no-structure reference) in :mod:`shared_core.eval.compare`. Their public names are re-exported here.
+This module holds the online loop (the shared :class:`CachingEmbedder`, :func:`evaluate_conversation`)
+and the run (:func:`run_eval`). The inputs (:class:`Dataset`, :func:`load_datasets`) live in
+:mod:`shared_core.eval.inputs`, the aggregation (:func:`aggregate_results`) in
+:mod:`shared_core.eval.aggregate`; method specs (``--methods``: :class:`MethodSpec`,
+:func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
+:func:`with_references`) in :mod:`shared_core.eval.methods`; the comparison of the memories with the
+flat baselines (:func:`compare_methods`: margin over the best counted flat baseline, tree share =
+default minus ``collapsed``, corpus share = ``collapsed`` minus the flat reference) in
+:mod:`shared_core.eval.compare`; the named splits, the per-query JSON lines and the paired bootstrap in
+:mod:`shared_core.eval.protocol`. Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import platform
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,10 @@ import numpy as np
 
 from ..models.extractive import sentence_spans
 from ..types import InvalidInputError, Usage
+from .aggregate import LLM_METRICS, QUERY_METRICS, aggregate_results
 from .compare import COMPARED_METRICS, _build_facts, _nan_to_none, compare_methods
-from .data import Conversation, load_jsonl, load_locomo, load_realmem, load_realmem_excerpt
+from .data import Conversation
+from .inputs import Dataset, load_datasets
 from .methods import (
     BASELINES,
     COUNTED_BASELINES,
@@ -53,6 +57,16 @@ from .methods import (
     with_references,
 )
 from .metrics import answer_token_recall, count_tokens, evidence_recall
+from .protocol import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    QUERY_ROWS_JSONL,
+    SPLITS,
+    SplitDataMissingError,
+    paired_bootstrap,
+    resolve_split,
+    write_query_rows,
+)
 
 __all__ = [
     "ADD_BATCH_MODES",
@@ -63,37 +77,29 @@ __all__ = [
     "LLM_METRICS",
     "QUERY_METRICS",
     "SCHEMA",
+    "SPLITS",
     "CachingEmbedder",
     "Dataset",
     "MethodSpec",
+    "SplitDataMissingError",
     "aggregate_results",
     "available_memories",
     "compare_methods",
     "evaluate_conversation",
     "load_datasets",
     "memory_facts",
+    "paired_bootstrap",
     "parse_methods",
     "reference_spec",
+    "resolve_split",
     "run_eval",
     "with_references",
 ]
 
-SCHEMA = "hiermem.eval/1"
-"""Identifier of the results document's layout (``results["schema"]``)."""
-
-QUERY_METRICS = (
-    "evidence_recall",
-    "span_recall",
-    "answer_token_recall",
-    "returned_tokens",
-    "n_hits",
-    "latency_ms",
-    "latency_cpu_ms",
-)
-"""Per-query figures averaged per method (NaN/None entries ignored)."""
-
-LLM_METRICS = ("llm_accuracy", "rouge_l_recall")
-"""Per-query figures added when an LLM answers and judges (``llm_accuracy`` = the judge's 0/1)."""
+SCHEMA = "hiermem.eval/2"
+"""Identifier of the results document's layout (``results["schema"]``). Version 2: ``tree_share`` is the
+default minus the memory's ``collapsed`` policy (version 1: minus the flat reference), with
+``corpus_share``, ``ci95`` intervals, ``fusion_weights`` and the ``split`` in the configuration."""
 
 WARMUP_QUERY = "what was said"
 """Query asked (untimed as latency) by every build after new messages, so that index maintenance a method
@@ -203,118 +209,6 @@ class CachingEmbedder:
 
 
 # --------------------------------------------------------------------------- data
-@dataclass
-class Dataset:
-    """Conversations read from one input.
-
-    Attributes:
-        label: a short unique name (the file's stem, or ``"realmem_excerpt"``).
-        source: ``"locomo"``, ``"realmem"`` or ``"jsonl"``.
-        file: the input's file name (no directory), or ``"bundled:<name>"``.
-        sha256: the first 16 hex digits of the file's SHA-256.
-        conversations: the loaded conversations.
-    """
-
-    label: str
-    source: str
-    file: str
-    sha256: str
-    conversations: list[Conversation] = field(default_factory=list)
-
-    def describe(self) -> dict[str, Any]:
-        """Plain-data facts (no messages)."""
-        return {"label": self.label, "source": self.source, "file": self.file, "sha256": self.sha256}
-
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
-def load_datasets(
-    *,
-    locomo: Sequence[str | Path] = (),
-    realmem: Sequence[str | Path] = (),
-    jsonl: Sequence[str | Path] = (),
-    realmem_excerpt: bool = False,
-    categories: Iterable[int] | None = (1, 2, 3, 4),
-    conversations: Iterable[str] | None = None,
-) -> list[Dataset]:
-    """Load every input with its loader, keeping only the named conversations.
-
-    Args:
-        locomo: LoCoMo JSON files. realmem: RealMem persona files. jsonl: JSON Lines conversations.
-        realmem_excerpt: also evaluate the RealMem excerpt bundled with the package.
-        categories: LoCoMo QA categories to keep, default 1-4 (``None`` = all).
-        conversations: conversation ids to keep (``None`` = all); every id must exist somewhere.
-
-    Returns:
-        The datasets (those left without conversations are dropped).
-
-    Raises:
-        InvalidInputError: no input, an unreadable file, or a conversation id found in no input.
-    """
-    if not (locomo or realmem or jsonl or realmem_excerpt):
-        raise InvalidInputError(
-            "No data to evaluate; pass --locomo PATH, --realmem PATH or --jsonl PATH (any number), "
-            "or --realmem-excerpt for the bundled sample."
-        )
-    out: list[Dataset] = []
-    labels: set[str] = set()
-
-    def label_for(stem: str) -> str:
-        lab, i = stem, 2
-        while lab in labels:
-            lab, i = f"{stem}-{i}", i + 1
-        labels.add(lab)
-        return lab
-
-    for kind, paths in (("locomo", locomo), ("realmem", realmem), ("jsonl", jsonl)):
-        for p in paths:
-            path = Path(p)
-            if not path.is_file():
-                raise InvalidInputError(f"--{kind}: no such file {path}; pass the path of an existing file.")
-            if kind == "locomo":
-                convs = load_locomo(path, categories)
-            elif kind == "realmem":
-                convs = [load_realmem(path)]
-            else:
-                convs = [load_jsonl(path)]
-            out.append(Dataset(label_for(path.stem), kind, path.name, _sha(path), convs))
-    if realmem_excerpt:
-        from importlib import resources
-
-        from .data import EXCERPT_RESOURCE
-
-        res = resources.files("shared_core") / "data" / EXCERPT_RESOURCE
-        with resources.as_file(res) as p:
-            sha = _sha(Path(p))
-        out.append(
-            Dataset(
-                label_for("realmem_excerpt"),
-                "realmem",
-                f"bundled:{EXCERPT_RESOURCE}",
-                sha,
-                [load_realmem_excerpt()],
-            )
-        )
-    if conversations is not None:
-        wanted = [str(c) for c in conversations]
-        found = {c.id for d in out for c in d.conversations}
-        missing = [w for w in wanted if w not in found]
-        if missing:
-            raise InvalidInputError(
-                f"Conversation(s) {', '.join(missing)} not found; available: {', '.join(sorted(found))}."
-            )
-        for d in out:
-            d.conversations = [c for c in d.conversations if c.id in wanted]
-        out = [d for d in out if d.conversations]
-    return out
-
-
 # --------------------------------------------------------------------------- one conversation
 def _batches(conv: Conversation, end: int, mode: str) -> list[tuple[int, int]]:
     """Consecutive ``[start, stop)`` add batches covering messages ``0..end`` without crossing a query."""
@@ -553,104 +447,6 @@ def _score(
 
 
 # --------------------------------------------------------------------------- aggregation
-def _mean(vals: Iterable[Any]) -> float | None:
-    xs = [float(v) for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    return float(np.mean(xs)) if xs else None
-
-
-def _summary(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"n_queries": len(rows)}
-    for m in metrics:
-        out[m] = _mean(r.get(m) for r in rows)
-    lat = [r["latency_ms"] for r in rows if r.get("latency_ms") is not None]
-    out["latency_ms_median"] = float(np.median(lat)) if lat else None
-    out["latency_ms_p95"] = float(np.percentile(lat, 95)) if lat else None
-    if "llm_accuracy" in metrics:
-        out["judged"] = sum(1 for r in rows if r.get("llm_accuracy") is not None)
-    return out
-
-
-def _by_category(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(str(r.get("category")), []).append(r)
-    return {c: _summary(g, metrics) for c, g in groups.items()}
-
-
-def _construction(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    n = sum(int(p.get("messages", 0)) for p in parts)
-    tot = Usage()
-    wall = cpu = r_wall = r_cpu = 0.0
-    for p in parts:
-        tot += Usage(**p.get("usage", {}))
-        wall += float(p.get("wall_seconds", 0.0))
-        cpu += float(p.get("cpu_seconds", 0.0))
-        r_wall += float(p.get("refresh_wall_seconds", 0.0))
-        r_cpu += float(p.get("refresh_cpu_seconds", 0.0))
-    per = max(n, 1)
-    return {
-        "messages": n,
-        "embed_calls_per_message": tot.embed_calls / per,
-        "embedded_texts_per_message": tot.embedded_texts / per,
-        "llm_calls_per_message": tot.llm_calls / per,
-        "prompt_tokens_per_message": tot.prompt_tokens / per,
-        "completion_tokens_per_message": tot.completion_tokens / per,
-        "model_seconds_per_message": tot.seconds / per,
-        "wall_ms_per_message": 1e3 * (wall + r_wall) / per,
-        "cpu_ms_per_message": 1e3 * (cpu + r_cpu) / per,
-        "refresh_cpu_ms_per_message": 1e3 * r_cpu / per,
-        "total": {
-            **tot.to_dict(),
-            "wall_seconds": wall,
-            "cpu_seconds": cpu,
-            "refresh_wall_seconds": r_wall,
-            "refresh_cpu_seconds": r_cpu,
-        },
-    }
-
-
-def aggregate_results(
-    conv_results: Sequence[Mapping[str, Any]], specs: Sequence[MethodSpec], *, with_llm: bool = False
-) -> dict[str, Any]:
-    """Pool per-conversation results into per-method aggregates.
-
-    Args:
-        conv_results: outputs of :func:`evaluate_conversation`.
-        specs: the methods, in report order.
-        with_llm: include :data:`LLM_METRICS`.
-
-    Returns:
-        ``{name: {"build", "kind", "policy", "overall", "by_category", "by_dataset": {label: {"overall",
-        "by_category", "construction"}}, "construction"}}``; ``overall`` holds the mean of each metric
-        (``None`` when undefined), ``n_queries``, ``latency_ms_median`` and ``latency_ms_p95``;
-        ``construction`` the build's cost per message (shared by the policies of one build).
-    """
-    metrics = list(QUERY_METRICS) + (list(LLM_METRICS) if with_llm else [])
-    out: dict[str, Any] = {}
-    for s in specs:
-        rows = [r for c in conv_results for r in c["methods"].get(s.name, {}).get("queries", [])]
-        parts = [c["builds"][s.build] for c in conv_results if s.build in c["builds"]]
-        by_ds: dict[str, Any] = {}
-        for label in dict.fromkeys(c["dataset"] for c in conv_results):
-            ds_rows = [r for r in rows if r.get("dataset") == label]
-            ds_parts = [
-                c["builds"][s.build] for c in conv_results if c["dataset"] == label and s.build in c["builds"]
-            ]
-            by_ds[label] = {
-                "overall": _summary(ds_rows, metrics),
-                "by_category": _by_category(ds_rows, metrics),
-                "construction": _construction(ds_parts),
-            }
-        out[s.name] = {
-            **s.to_dict(),
-            "overall": _summary(rows, metrics),
-            "by_category": _by_category(rows, metrics),
-            "by_dataset": by_ds,
-            "construction": _construction(parts),
-        }
-    return _nan_to_none(out)
-
-
 # --------------------------------------------------------------------------- the run
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
@@ -691,12 +487,17 @@ def run_eval(
     resume: bool = False,
     progress: bool = True,
     command: str | None = None,
+    split: str | None = None,
+    data_root: str | Path | None = None,
+    n_resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
 ) -> dict[str, Any]:
     """Run an evaluation end to end and (with ``out``) write its files.
 
     Files in ``out``: ``results.json`` (configuration, data facts, per-method aggregates, and
     ``comparison``: the best flat baseline per metric and, per memory, its default's margin over it and
-    its tree share, see :func:`compare_methods`),
+    its tree and corpus shares, each with a paired bootstrap interval, see :func:`compare_methods`),
+    ``queries.jsonl`` (one line per question and method, :func:`~shared_core.eval.protocol.query_rows`),
     ``results.md`` (Markdown tables), ``results.png`` (bar chart), and ``conversations/<dataset>__<id>.json``
     (per-query rows and construction cost of one conversation; with ``resume`` an existing file made
     with the same configuration is reused instead of recomputed).
@@ -722,13 +523,21 @@ def run_eval(
         resume: reuse conversation files already in ``out`` (same configuration only).
         progress: show a progress bar (tqdm), default ``True``.
         command: the command line, recorded in the configuration.
+        split: a named split (``"dev"`` or ``"validate"``, :data:`~shared_core.eval.protocol.SPLITS`)
+            whose files are added to ``locomo`` / ``realmem``, default ``None``.
+        data_root: the directory the split's files are under, default
+            :func:`~shared_core.eval.protocol.default_data_root` (``$HIERMEM_DATA``, else
+            ``../shared/data``); only its relative file paths are recorded.
+        n_resamples: bootstrap resamples per interval, default 10,000.
+        seed: bootstrap seed, default 0.
 
     Returns:
         The results document (what ``results.json`` holds).
 
     Raises:
         InvalidInputError: bad arguments or inputs; ``resume`` over results made with another
-            configuration; ``llm_memories`` without ``llm``.
+            configuration; ``llm_memories`` without ``llm``; an unknown split.
+        SplitDataMissingError: the split's files are not under ``data_root``.
         UnknownPolicyError, LLMRequiredError: see :func:`parse_methods`.
 
     References:
@@ -747,6 +556,12 @@ def run_eval(
     if add_batch not in ADD_BATCH_MODES:
         raise InvalidInputError(f"add_batch must be one of {', '.join(ADD_BATCH_MODES)}, got {add_batch!r}.")
     specs = with_references(parse_methods(methods, memory_llm=llm_memories), memory_llm=llm_memories)
+    split_files: list[str] | None = None
+    if split is not None:
+        files = resolve_split(split, data_root)
+        locomo = [*locomo, *files["locomo"]]
+        realmem = [*realmem, *files["realmem"]]
+        split_files = [rel for rels in SPLITS[split].values() for rel in rels]
     datasets = load_datasets(
         locomo=locomo,
         realmem=realmem,
@@ -770,6 +585,8 @@ def run_eval(
         or type(embedder).__name__
     )
     config: dict[str, Any] = {
+        "split": split,
+        "split_files": split_files,
         "methods": [s.to_dict() for s in specs],
         "k": k,
         "max_tokens": max_tokens,
@@ -783,7 +600,9 @@ def run_eval(
         "llm_memories": bool(llm_memories),
         "inputs": [d.describe() for d in datasets],
     }
-    fp_cfg = {k_: v for k_, v in config.items() if k_ not in ("conversations", "inputs")}
+    fp_cfg = {
+        k_: v for k_, v in config.items() if k_ not in ("conversations", "inputs", "split", "split_files")
+    }
     out_dir = Path(out) if out is not None else None
     conv_dir = out_dir / "conversations" if out_dir is not None else None
     if conv_dir is not None:
@@ -873,9 +692,16 @@ def run_eval(
         doc["methods"],
         _build_facts(results, specs, llm_memories),
         [*COMPARED_METRICS, *(LLM_METRICS if llm is not None else ())],
+        rows={
+            s.name: [r for c in results for r in c["methods"].get(s.name, {}).get("queries", [])]
+            for s in specs
+        },
+        n_resamples=n_resamples,
+        seed=seed,
     )
     if out_dir is not None:
         from .report import write_report
 
+        write_query_rows(results, out_dir / QUERY_ROWS_JSONL)
         write_report(doc, out_dir)
     return doc
