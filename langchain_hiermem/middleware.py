@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any
 
 from langchain_core.messages import (
     AIMessage,
@@ -28,6 +28,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from typing_extensions import NotRequired
 
 from shared_core.base import count_tokens
 from shared_core.namespaces import MemoryStore, normalize_namespace

@@ -476,3 +476,24 @@ def test_without_langchain_the_middleware_names_the_agents_extra() -> None:
         assert report[name]["extra"] == "agents"
         assert 'pip install "hiermem[agents]"' in report[name]["message"]
     assert issubclass(MissingExtraError, ImportError)
+
+
+def test_the_thread_state_marks_what_was_looked_at() -> None:
+    """A run looks only at the thread's new messages (the ids in the private state field), not at the
+    whole history again; the field stays out of the agent's output."""
+    mw = HierMemMiddleware(hash_store())
+    looked_at: list[list[str]] = []
+    stored = mw.backend.stored
+
+    def spy(ns: tuple[str, ...], ids: Any) -> set[str]:
+        looked_at.append(list(ids))
+        return stored(ns, ids)
+
+    mw.backend.stored = spy  # type: ignore[method-assign]
+    agent = agent_with(mw, chat("one", "two"))
+    out = ask(agent, "first", cfg("t1", "ann"))
+    ask(agent, "second", cfg("t1", "ann"))
+    assert "hiermem_seen" not in out
+    seen = agent.get_state(cfg("t1", "ann")).values["hiermem_seen"]
+    assert len(seen) == 4 and [len(ids) for ids in looked_at] == [2, 2]
+    assert looked_at[0] + looked_at[1] == seen
