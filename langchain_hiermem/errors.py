@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from shared_core.types import HierMemError
 
-__all__ = ["AlgorithmUnavailableError", "MissingExtraError"]
+__all__ = ["AlgorithmUnavailableError", "MissingExtraError", "MissingUserError"]
 
 
 class AlgorithmUnavailableError(HierMemError, ImportError):
@@ -31,3 +31,25 @@ class MissingExtraError(HierMemError, ImportError):
     def __init__(self, message: str, *, extra: str | None = None, name: str | None = None) -> None:
         super().__init__(message, name=name)
         self.extra = extra
+
+
+class MissingUserError(HierMemError, LookupError):
+    """An agent's memory was used in a run that names no user.
+
+    :class:`~langchain_hiermem.middleware.HierMemMiddleware` and the tools of
+    :func:`~langchain_hiermem.tools.create_memory_tools` keep each user's memory in that user's namespace;
+    the user comes from the run's context (``agent.invoke(..., context={"user_id": ...})``) or its config
+    (``config={"configurable": {"user_id": ...}}``). A run with neither is refused, never given a shared
+    namespace.
+
+    Args:
+        message: what is missing and how to pass it.
+        key: the context / configurable key that was looked up, e.g. ``"user_id"``.
+
+    Attributes:
+        key: as given.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key

@@ -1,7 +1,7 @@
 """Execute the cookbook notebooks top to bottom with nbclient; any cell error (the notebooks check their
 own outputs with ``assert``) fails the test.
 
-* 01–03 run offline on the embedded defaults (local MiniLM, fake or mock LLMs).
+* 01–03 and 05 run offline on the embedded defaults (local MiniLM, fake or mock LLMs).
 * 04 calls the OpenAI API: without ``OPENAI_API_KEY`` its first code cell raises ``SkipNotebook`` and the
   test is reported as skipped; with the key it runs for real (and costs money). It is also run end to end
   against the OpenAI-protocol test server (placeholder replies), which checks its code, not its figures.
@@ -33,6 +33,7 @@ OFFLINE = [
     "01_conversation_memory_langchain.ipynb",
     "02_rag_llamaindex.ipynb",
     "03_compare_memories.ipynb",
+    "05_langchain_agent_middleware.ipynb",
 ]
 OPENAI = "04_openai.ipynb"
 CELL_TIMEOUT = 600  # seconds per cell
