@@ -392,8 +392,13 @@ class HierMemBlock(BaseMemoryBlock[str]):
     # ------------------------------------------------------------------ rendering
     @staticmethod
     def render_hit(hit: Hit) -> str:
-        """One line for a hit: ``"<role>: <text>"`` (message) or ``"(summary of messages i-j) <text>"``."""
-        text = " ".join(hit.text.split())
+        """One line for a hit: ``"<role>: <text>"`` (message) or ``"(summary of messages i-j) <text>"``.
+
+        Remembered text is data: ``<`` and ``>`` in it become ``‹`` and ``›``, so a stored text can never
+        close the ``<memory>`` / ``<name>`` tags ``Memory``'s template puts around the block and pose as
+        instructions after them; newlines become spaces, so one hit is one line.
+        """
+        text = " ".join(hit.text.split()).replace("<", "‹").replace(">", "›")
         if hit.is_leaf:
             role = hit.metadata.get("role")
             return f"{role}: {text}" if role else text
