@@ -511,6 +511,12 @@ class HAT(MemoryAgent, HierarchicalMemory):
         details["layers"] = len(layer_sizes(n + 1, self.M))
         return details
 
+    def _forget_texts(self, texts: Sequence[str], changed: set[int], gone: set[int]) -> None:
+        """After a deletion, here or in another process: the shared cleanup and the aggregation cache
+        (``previous_complete_state``), whose texts may quote the deleted messages."""
+        super()._forget_texts(texts, changed, gone)
+        self._cache.clear()
+
     def _delete_leaves(self, leaves: Sequence[int], usage: Usage) -> None:
         """Remove leaves and re-layer the rest so the ``⌊i/M⌋`` rule holds again.
 

@@ -403,6 +403,7 @@ def apply_changes(
         raise PersistenceError(f"The store {location} is corrupt: {type(e).__name__}: {e}") from None
     st = mem._store
     changed = {n.id for n in nodes}
+    forgotten = _forgotten_by_others(mem, nodes, gone_ids - changed)
     for nid in gone_ids | changed:
         old = st.nodes.get(nid)
         if old is None:
@@ -442,3 +443,28 @@ def apply_changes(
         mem._lex_dirty |= {i for i in changed if st.nodes[i].text}
         mem._lex_removed |= drop
     mem._version += 1
+    if forgotten:  # another process deleted messages: this process's caches forget them too
+        mem._forget_texts(forgotten, {i for i in changed if st.nodes[i].text}, drop)
+
+
+def _forgotten_by_others(mem: HierarchicalMemory, nodes: list[Node], gone: set[int]) -> list[str]:
+    """The texts whose sentences the caches of ``mem`` must forget when another process's changes
+    remove the leaves ``gone`` and write ``nodes``: each removed leaf's text and message text, and, for a
+    memory whose internal texts are not made of its messages' sentences (``forget_rewritten``), the
+    previous text of every internal node removed or rewritten (as the deleting process itself forgets,
+    see :meth:`~shared_core.forgetting.Forgetting._forgotten_texts`)."""
+    st = mem._store
+    out = [
+        t
+        for i in sorted(gone)
+        if (n := st.nodes.get(i)) is not None and n.is_leaf
+        for t in (n.text, n.message.text if n.message else "")
+        if t
+    ]
+    if out and mem.forget_rewritten:
+        new = {n.id: n.text for n in nodes}
+        for i in sorted(gone | set(new)):
+            old = st.nodes.get(i)
+            if old is not None and not old.is_leaf and old.text and new.get(i) != old.text:
+                out.append(old.text)
+    return out

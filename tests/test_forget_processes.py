@@ -1,0 +1,44 @@
+"""A deletion in one process leaves no trace in the caches of another process that shares the namespace.
+
+Two memories open one PostgreSQL namespace (two processes' worth of state: each its own node store,
+FAISS and BM25 index, summariser cache). The second one writes and searches (so its summariser caches
+the first message's sentences and its BM25 index holds its words); the first one deletes that message;
+after the second catches up, nothing reachable from it holds the deleted message's secret word.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared_core import HierarchicalMemory, Message
+from tests.test_durable import HashEmbedder
+from tests.test_forget_traces import KINDS4, cache_memory, exercise, traces_of
+
+SECRET = "zq7k7x"
+
+
+@pytest.mark.parametrize("kind", KINDS4)
+def test_a_deletion_elsewhere_leaves_no_trace_in_this_process(kind: str, pg_url: str) -> None:
+    a = cache_memory(kind)
+    a.attach_store(pg_url, namespace=("shared",))
+    b: Any = None
+    try:
+        a.add(Message(f"My locker code at the big city gym is {SECRET}.", id="m0", speaker="ann"))
+        for i in range(1, 4):
+            a.add(Message(f"My locker code at the big city gym was changed, note {i}.", id=f"m{i}"))
+        b = HierarchicalMemory.open(pg_url, namespace=("shared",), embedder=HashEmbedder())
+        b.add(Message("The gym near the station opens at nine.", id="b0", speaker="bob"))
+        exercise(b, "locker code gym")
+        if kind == "xmemory":
+            b.flush()
+        assert traces_of(b, [SECRET]), "the second process holds the secret before the deletion"
+        assert a.delete("m0") == 1
+        exercise(b, "locker code gym")  # catches up with the deletion
+        assert not [h for h in b.retrieve("locker code", k=20) if SECRET in h.text]
+        assert traces_of(b, [SECRET]) == []
+    finally:
+        a.close_store()
+        if b is not None:
+            b.close_store()
