@@ -42,7 +42,7 @@ from contextlib import suppress
 from datetime import datetime
 from typing import Any
 
-from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result
+from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result, TTLConfig
 
 from shared_core.base import HierarchicalMemory
 from shared_core.namespaces import MemoryStore
@@ -60,6 +60,7 @@ from .store import HierMemStore, MemoryFactory, Namespace, _Added, _as_namespace
 from .store_items import (
     _ADD_SPACE,
     _DELETE_ITEM,
+    _SET_EXPIRY,
     _SET_LEAVES,
     _UPSERT_ITEM,
     FORMAT,
@@ -73,6 +74,7 @@ from .store_items import (
     _target,
 )
 from .store_semantics import json_form
+from .store_ttl import Expiry
 
 __all__ = ["FORMAT", "KIND", "MEMORY_PREFIX", "SCHEMA", "DurableHierMemStore"]
 
@@ -103,6 +105,9 @@ class DurableHierMemStore(HierMemStore):
             A PostgreSQL server decides its own durability; only ``"FULL"`` is accepted with a URL.
         pool_size: most connections of each of the memories' two PostgreSQL pools, default 8.
         score: what ``SearchItem.score`` holds (see :class:`HierMemStore`), default ``"similarity"``.
+        ttl: LangGraph's ``TTLConfig`` (see :class:`HierMemStore`), default ``None``. Each item's TTL and
+            expiry are stored with it, so they hold across a reopen; a read that refreshes a TTL writes
+            the new expiry.
 
     Raises:
         InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`).
@@ -125,8 +130,10 @@ class DurableHierMemStore(HierMemStore):
         synchronous: str = "FULL",
         pool_size: int = 8,
         score: str = "similarity",
+        ttl: TTLConfig | None = None,
     ) -> None:
         super().__init__(
+            ttl=ttl,
             score=score,
             memory_factory=memory_factory,
             embedder=embedder,
@@ -194,7 +201,9 @@ class DurableHierMemStore(HierMemStore):
             self._db.setup()
 
     def close(self) -> None:
-        """Close the memories' stores and the item database, releasing the store (idempotent)."""
+        """Stop the TTL sweeper, close the memories' stores and the item database, releasing the store
+        (idempotent)."""
+        self.stop_ttl_sweeper()
         with self._lock:
             self._closed = True
             self._shut()
@@ -261,7 +270,7 @@ class DurableHierMemStore(HierMemStore):
                 ns = tuple(normalize_namespace(json.loads(ns_text)))
                 self._spaces[ns] = _Space()
                 self._space_pos[ns] = int(pos)
-            for ns_text, key, value, created, updated, pos, leaves in items:
+            for ns_text, key, value, created, updated, pos, leaves, minutes, expires in items:
                 ns = tuple(normalize_namespace(json.loads(ns_text)))
                 space = self._spaces.get(ns)
                 if space is None:  # never written without its namespace row; kept readable all the same
@@ -282,6 +291,11 @@ class DurableHierMemStore(HierMemStore):
                     space.leaves[str(key)] = [int(lid) for lid, _ in pairs]
                     space.texts[str(key)] = [str(text) for _, text in pairs]
                 self._item_pos[(ns, str(key))] = int(pos)
+                if minutes is not None:
+                    at = datetime.fromisoformat(expires)
+                    if at.tzinfo is None:
+                        raise ValueError(f"the expiry of {key!r} has no time zone")
+                    space.expiry[str(key)] = (float(minutes), at)
         except (TypeError, ValueError, InvalidInputError) as e:
             raise PersistenceError(
                 f"{self.location} holds a malformed row ({e}); the store is corrupt."
@@ -521,7 +535,9 @@ class DurableHierMemStore(HierMemStore):
                 leaves = [[lid, t] for lid, t in zip(a.leaves.get(key, []), a.texts.get(key, []))]
                 created = prev.created_at.isoformat() if prev is not None else stamp
                 value = _dumps(final[key].value)
-                stmts.append((_UPSERT_ITEM, (nsk, key, value, created, stamp, pos, _dumps(leaves))))
+                expiry = self._expiry_of(final[key], now)
+                ttl = (expiry[0], expiry[1].isoformat()) if expiry is not None else (None, None)
+                stmts.append((_UPSERT_ITEM, (nsk, key, value, created, stamp, pos, _dumps(leaves), *ttl)))
         if not stmts:
             return
         try:
@@ -541,6 +557,28 @@ class DurableHierMemStore(HierMemStore):
             self._item_pos.pop(k, None)
         self._item_pos.update(item_pos)
         self._next_item = next_item
+
+    def _before_sweep(self) -> None:
+        """A sweep needs the store open, with the database's items."""
+        self._start()
+
+    def _write_expiry(self, changed: Mapping[Namespace, Mapping[str, Expiry]]) -> None:
+        """Write the refreshed expiries of read items in one transaction.
+
+        Raises:
+            PersistenceError: the write failed (the expiries stay as they were).
+            CommitUnknownError: its outcome is unknown; the items are reloaded before the next operation.
+        """
+        stmts: list[Statement] = [
+            (_SET_EXPIRY, (at.isoformat(), namespace_key(ns), key))
+            for ns, keys in changed.items()
+            for key, (_, at) in keys.items()
+        ]
+        try:
+            self._seq = self._db.write(self._seq, stmts)
+        except CommitUnknownError:
+            self._resync = True
+            raise
 
     def _undo_puts(self, added: list[_Added]) -> None:
         """Drop the memories this failed run created (the namespaces had none before)."""

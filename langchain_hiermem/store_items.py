@@ -7,8 +7,13 @@ schema ``hiermem_langgraph``::
 
     meta(key PRIMARY KEY, value)             JSON values: kind, format, seq (one more per write)
     spaces(ns PRIMARY KEY, pos)              namespaces (ASCII JSON of the tuple), in order of creation
-    items(ns, key, value, created_at, updated_at, pos, leaves)   PRIMARY KEY (ns, key); leaves is a
-                                             JSON list of [leaf id, text] of the item's memory leaves
+    items(ns, key, value, created_at, updated_at, pos, leaves, ttl_minutes, expires_at)
+                                             PRIMARY KEY (ns, key); leaves is a JSON list of [leaf id,
+                                             text] of the item's memory leaves; ttl_minutes and
+                                             expires_at (ISO-8601 UTC) are NULL for an item without TTL
+
+Format 1 (without the two TTL columns) is migrated to format 2 by ``setup`` (on open): the columns are
+added, NULL for every item.
 
 :class:`_SQLiteItems` and :class:`_PostgresItems` hold one connection each, owned by one process (SQLite:
 an exclusive lock on the file; PostgreSQL: a session advisory lock); a second opener gets
@@ -42,8 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "KIND", "LOCK_CLASS", "SCHEMA", "Statement"]
 
-#: Version of the item tables (the ``format`` row of ``meta``).
-FORMAT = 1
+#: Version of the item tables (the ``format`` row of ``meta``); format 1 is migrated on open.
+FORMAT = 2
+_OLD_FORMAT = 1
 #: The ``kind`` row of ``meta``: what tells a hiermem LangGraph store from other databases.
 KIND = "hiermem-langgraph-store"
 #: The PostgreSQL schema of the item tables.
@@ -56,20 +62,29 @@ _SETUP_LOCK, _OWNER_LOCK = 0, 1
 _TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
     "spaces": ("ns", "pos"),
-    "items": ("ns", "key", "value", "created_at", "updated_at", "pos", "leaves"),
+    "items": ("ns", "key", "value", "created_at", "updated_at", "pos", "leaves", "ttl_minutes", "expires_at"),
 }
+_OLD_ITEMS = _TABLES["items"][:-2]  # format 1
+_MIGRATE = (
+    "ALTER TABLE {t}items ADD COLUMN ttl_minutes double precision",
+    "ALTER TABLE {t}items ADD COLUMN expires_at text",
+)
 _DDL = (
     "CREATE TABLE {t}meta (key text PRIMARY KEY, value text NOT NULL)",
     "CREATE TABLE {t}spaces (ns text PRIMARY KEY, pos bigint NOT NULL)",
     "CREATE TABLE {t}items (ns text NOT NULL, key text NOT NULL, value text NOT NULL, "
     "created_at text NOT NULL, updated_at text NOT NULL, pos bigint NOT NULL, leaves text NOT NULL, "
-    "PRIMARY KEY (ns, key))",
+    "ttl_minutes double precision, expires_at text, PRIMARY KEY (ns, key))",
 )
 _UPSERT_ITEM = (
-    "INSERT INTO {t}items (ns, key, value, created_at, updated_at, pos, leaves) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "INSERT INTO {t}items (ns, key, value, created_at, updated_at, pos, leaves, ttl_minutes, expires_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value, created_at = excluded.created_at, "
-    "updated_at = excluded.updated_at, pos = excluded.pos, leaves = excluded.leaves"
+    "updated_at = excluded.updated_at, pos = excluded.pos, leaves = excluded.leaves, "
+    "ttl_minutes = excluded.ttl_minutes, expires_at = excluded.expires_at"
 )
+_SET_EXPIRY = "UPDATE {t}items SET expires_at = ? WHERE ns = ? AND key = ? AND ttl_minutes IS NOT NULL"
+_ITEM_COLUMNS = "ns, key, value, created_at, updated_at, pos, leaves, ttl_minutes, expires_at"
 _DELETE_ITEM = "DELETE FROM {t}items WHERE ns = ? AND key = ?"
 _SET_LEAVES = "UPDATE {t}items SET leaves = ? WHERE ns = ? AND key = ?"
 _ADD_SPACE = "INSERT INTO {t}spaces (ns, pos) VALUES (?, ?) ON CONFLICT (ns) DO NOTHING"
@@ -90,8 +105,8 @@ def _not_ours(location: str, why: str) -> PersistenceError:
     return PersistenceError(f"{location} is not a hiermem LangGraph store ({why}); {advice}.")
 
 
-def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
-    """The change sequence of a store's ``meta`` rows.
+def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> tuple[int, int]:
+    """The change sequence and the format (this one, or format 1 to migrate) of a store's ``meta`` rows.
 
     Raises:
         PersistenceError: the rows are not those of a hiermem LangGraph store.
@@ -103,7 +118,8 @@ def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
         raise _not_ours(location, f"unreadable meta table: {e}") from None
     if meta.get("kind") != KIND:
         raise _not_ours(location, f"its meta table names the kind {meta.get('kind')!r}")
-    if meta.get("format") != FORMAT:
+    fmt = meta.get("format")
+    if fmt not in (FORMAT, _OLD_FORMAT) or isinstance(fmt, bool):
         raise VersionMismatchError(
             f"The items in {location} have format {meta.get('format')!r}; this hiermem reads format "
             f"{FORMAT}. Use the hiermem version that created them, or another store."
@@ -111,7 +127,20 @@ def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
     seq = meta.get("seq")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise PersistenceError(f"The change sequence of {location} is malformed; the store is corrupt.")
-    return seq
+    return seq, fmt
+
+
+def _check_columns(have: dict[str, tuple[str, ...]], fmt: int, where: str) -> None:
+    """The tables' columns are those of format ``fmt``.
+
+    Raises:
+        PersistenceError: they are not (the tables are not a hiermem LangGraph store's).
+    """
+    for table, want in _TABLES.items():
+        if table == "items" and fmt == _OLD_FORMAT:
+            want = _OLD_ITEMS
+        if have.get(table, ()) != want:
+            raise _not_ours(where, f"table {table!r} has columns {have.get(table, ())}, expected {want}")
 
 
 class _ItemsDB:
@@ -119,6 +148,7 @@ class _ItemsDB:
 
     location: str
     prefix: str  # the tables' schema prefix in SQL ("" or "hiermem_langgraph.")
+    format: int = FORMAT  # the format of the tables found (format 1 until setup() migrated them)
 
     def sql(self, text: str) -> str:
         """A statement of this module in the backend's dialect."""
@@ -215,11 +245,16 @@ class _SQLiteItems(_ItemsDB):
                 raise _not_ours(self.location, f"it holds a {kind} {name!r}")
         if not tables and missing_ok:
             return False
-        for table, cols in _TABLES.items():
-            have = tuple(r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall())
-            if have != cols:
-                raise _not_ours(self.location, f"table {table!r} has columns {have}, expected {cols}")
-        _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+        have = {
+            table: tuple(r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall())
+            for table in _TABLES
+        }
+        if "meta" not in tables or have["meta"] != _TABLES["meta"]:
+            raise _not_ours(self.location, f"table 'meta' has columns {have['meta']}")
+        _, self.format = _check_meta(
+            self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location
+        )
+        _check_columns(have, self.format, self.location)
         return True
 
     def setup(self) -> None:
@@ -240,6 +275,11 @@ class _SQLiteItems(_ItemsDB):
                         "INSERT INTO meta (key, value) VALUES (?, ?)",
                         [("kind", _dumps(KIND)), ("format", _dumps(FORMAT)), ("seq", "0")],
                     )
+                elif self.format == _OLD_FORMAT:
+                    for stmt in _MIGRATE:
+                        c.execute(self.sql(stmt))
+                    c.execute("UPDATE meta SET value = ? WHERE key = 'format'", (_dumps(FORMAT),))
+                self.format = FORMAT
                 c.execute("COMMIT")
             except BaseException:
                 with suppress(sqlite3.Error):
@@ -256,11 +296,11 @@ class _SQLiteItems(_ItemsDB):
         """
         try:
             self._check(missing_ok=False)
-            seq = _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+            seq, fmt = _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+            if fmt != FORMAT:
+                raise PersistenceError(f"{self.location} holds format {fmt}; call setup() to migrate it.")
             spaces = self.conn.execute("SELECT ns, pos FROM spaces ORDER BY pos").fetchall()
-            items = self.conn.execute(
-                "SELECT ns, key, value, created_at, updated_at, pos, leaves FROM items ORDER BY pos"
-            ).fetchall()
+            items = self.conn.execute(f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY pos").fetchall()
         except sqlite3.Error as e:
             raise self._error(e, "read") from None
         return seq, spaces, items
@@ -424,9 +464,8 @@ class _PostgresItems(_ItemsDB):
         cols: dict[str, list[str]] = {}
         for table, col in cur.fetchall():
             cols.setdefault(str(table), []).append(str(col))
-        for table, want in _TABLES.items():
-            if tuple(cols.get(table, ())) != want:
-                raise _not_ours(where, f"table {table!r} has columns {tuple(cols.get(table, ()))}")
+        if tuple(cols.get("meta", ())) != _TABLES["meta"]:
+            raise _not_ours(where, f"table 'meta' has columns {tuple(cols.get('meta', ()))}")
         cur.execute(
             "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal",
@@ -435,7 +474,8 @@ class _PostgresItems(_ItemsDB):
         triggers = [r[0] for r in cur.fetchall()]
         if triggers:
             raise _not_ours(where, f"it has triggers: {', '.join(triggers)}")
-        _check_meta(cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), where)
+        _, self.format = _check_meta(cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), where)
+        _check_columns({t: tuple(c) for t, c in cols.items()}, self.format, where)
         return True
 
     def setup(self) -> None:
@@ -452,6 +492,13 @@ class _PostgresItems(_ItemsDB):
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, _SETUP_LOCK))
                 if self._check(cur, missing_ok=True):
+                    if self.format == _OLD_FORMAT:
+                        for stmt in _MIGRATE:
+                            cur.execute(self.sql(stmt))
+                        cur.execute(
+                            f"UPDATE {SCHEMA}.meta SET value = %s WHERE key = 'format'", (_dumps(FORMAT),)
+                        )
+                        self.format = FORMAT
                     return
                 cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
                 for stmt in _DDL:
@@ -474,14 +521,13 @@ class _PostgresItems(_ItemsDB):
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 self._check(cur, missing_ok=False)
-                seq = _check_meta(
+                seq, fmt = _check_meta(
                     cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), self.location
                 )
+                if fmt != FORMAT:
+                    raise PersistenceError(f"{self.location} holds format {fmt}; call setup() to migrate it.")
                 spaces = cur.execute(f"SELECT ns, pos FROM {SCHEMA}.spaces ORDER BY pos").fetchall()
-                items = cur.execute(
-                    "SELECT ns, key, value, created_at, updated_at, pos, leaves "
-                    f"FROM {SCHEMA}.items ORDER BY pos"
-                ).fetchall()
+                items = cur.execute(f"SELECT {_ITEM_COLUMNS} FROM {SCHEMA}.items ORDER BY pos").fetchall()
         except Exception as e:
             raise self._error(e, "read") from None
         return seq, spaces, items

@@ -408,7 +408,7 @@ def test_postgres_databases_that_are_not_a_store_are_refused_untouched(pg_cluste
     url3 = pg_cluster.url(pg_cluster.create_database(), connect_timeout="3")
     with open_store(url3) as s:
         s.put(NS, "a", {"text": FACTS[0]})
-    pg_cluster.execute(_dbname(url3), f"UPDATE {SCHEMA}.meta SET value = '2' WHERE key = 'format'")
+    pg_cluster.execute(_dbname(url3), f"UPDATE {SCHEMA}.meta SET value = '99' WHERE key = 'format'")
     with pytest.raises(VersionMismatchError), open_store(url3):
         pass
     missing = pg_cluster.url("no_such_database", connect_timeout="3")
