@@ -254,7 +254,9 @@ class HierMemStore(TTLMixin, BaseStore):
         """A store kept in a database, open for the ``with`` block (closed when it ends).
 
         Items and each namespace's memory are committed before every put returns, so a new process that
-        opens the same ``conn`` gets the same ``get`` / ``search`` / ``list_namespaces`` results. See
+        opens the same ``conn`` gets the same ``get`` / ``search`` / ``list_namespaces`` results. On
+        PostgreSQL several processes may use the store at once, each seeing the others' writes; an SQLite
+        store serves one process at a time. See
         :class:`~langchain_hiermem.store_durable.DurableHierMemStore`.
 
         Args:
@@ -264,16 +266,16 @@ class HierMemStore(TTLMixin, BaseStore):
             index: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``), see
                 :func:`embedder_and_fields`.
             **kwargs: the other arguments of :class:`HierMemStore` (``memory_factory``, ``embedder``,
-                ``fields``, ``memory_kwargs``, ``policy``, ``search_kwargs``) and of the durable store
-                (``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
+                ``fields``, ``memory_kwargs``, ``policy``, ``search_kwargs``, ``ttl``) and of the durable
+                store (``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
 
         Returns:
             A context manager giving the open store.
 
         Raises:
             InvalidInputError: a malformed path or URL, or a bad argument.
-            PersistenceError: the database is not a hiermem LangGraph store, is in use by another
-                process, or the server cannot be reached.
+            PersistenceError: the database is not a hiermem LangGraph store, the SQLite file is in use
+                by another process, or the server cannot be reached.
             VersionMismatchError: the store was written by another layout version.
 
         Example:

@@ -15,14 +15,17 @@ schema ``hiermem_langgraph``::
 Format 1 (without the two TTL columns) is migrated to format 2 by ``setup`` (on open): the columns are
 added, NULL for every item.
 
-:class:`_SQLiteItems` and :class:`_PostgresItems` hold one connection each, owned by one process (SQLite:
-an exclusive lock on the file; PostgreSQL: a session advisory lock); a second opener gets
-:class:`~shared_core.types.PersistenceError`. A file or schema that is not a hiermem LangGraph store is
-refused before anything is written into it. A write runs its statements in ONE transaction that also
-advances ``seq``, and only when ``seq`` is still the one this process last wrote. When the connection
-breaks during a PostgreSQL ``COMMIT``, the server is asked on a fresh connection (``txid_status``)
-whether it landed: committed is a successful write, aborted a failed one that changed nothing, and
-when the server cannot tell, :class:`~shared_core.types.CommitUnknownError`.
+:class:`_SQLiteItems` holds one connection, owned by one process (an exclusive lock on the file); a
+second opener gets :class:`~shared_core.types.PersistenceError` naming PostgreSQL for several.
+:class:`_PostgresItems` holds one connection per process and lets many processes use the store: each
+writer takes the store's write lock (a session advisory lock, :meth:`_PostgresItems.lock_writes`) for
+the whole of its write, and every process compares the stored ``seq`` with its own before each
+operation (:meth:`_ItemsDB.stored_seq`) to reload what others wrote. A file or schema that is not a
+hiermem LangGraph store is refused before anything is written into it. A write runs its statements in
+ONE transaction that also advances ``seq``, and only when ``seq`` is still the one this process last
+read. When the connection breaks during a PostgreSQL ``COMMIT``, the server is asked on a fresh
+connection (``txid_status``) whether it landed: committed is a successful write, aborted a failed one
+that changed nothing, and when the server cannot tell, :class:`~shared_core.types.CommitUnknownError`.
 
 References:
     LangGraph ``PostgresStore.from_conn_string`` / ``SqliteStore.from_conn_string``;
@@ -55,9 +58,11 @@ KIND = "hiermem-langgraph-store"
 #: The PostgreSQL schema of the item tables.
 SCHEMA = "hiermem_langgraph"
 #: First key of this module's PostgreSQL advisory locks ("hlgs"); second key 0 guards the schema setup,
-#: 1 is held by the process that owns the store.
+#: 2 is held by the process writing the store (1 was the single owner's lock before several processes).
 LOCK_CLASS = 0x686C6773
-_SETUP_LOCK, _OWNER_LOCK = 0, 1
+_SETUP_LOCK, _WRITE_LOCK = 0, 2
+#: Seconds a write waits for another process's write of the store, unless the URL gives lock_timeout=.
+WRITE_WAIT = 60.0
 
 _TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
@@ -170,6 +175,14 @@ class _ItemsDB:
         """
         raise NotImplementedError
 
+    def stored_seq(self) -> int:
+        """The stored change sequence (what this process compares with its own to see others' writes).
+
+        Raises:
+            PersistenceError: the database cannot be read.
+        """
+        raise NotImplementedError
+
     def close(self) -> None:
         """Close the connection, releasing the store (idempotent)."""
         raise NotImplementedError
@@ -225,8 +238,9 @@ class _SQLiteItems(_ItemsDB):
         text = str(e)
         if "locked" in text or "busy" in text:
             return PersistenceError(
-                f"The LangGraph store {self.path} is in use by another process (one process per store); "
-                "close it there first."
+                f"The LangGraph store {self.path} is in use by another process: an SQLite store serves one "
+                "process at a time. Close it there first, or keep the store in PostgreSQL "
+                "(HierMemStore.from_conn_string('postgresql://...')), which many processes share."
             )
         if isinstance(e, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
             return _not_ours(self.location, f"SQLite says: {text}")
@@ -332,6 +346,14 @@ class _SQLiteItems(_ItemsDB):
                 c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return seq + 1
 
+    def stored_seq(self) -> int:
+        """The stored change sequence (see :meth:`_ItemsDB.stored_seq`)."""
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+        except sqlite3.Error as e:
+            raise self._error(e, "read") from None
+        return int(json.loads(row[0])) if row is not None else -1
+
     def close(self) -> None:
         """Close the connection (releases the lock; idempotent)."""
         c, self._conn = self._conn, None
@@ -343,8 +365,9 @@ class _SQLiteItems(_ItemsDB):
 class _PostgresItems(_ItemsDB):
     """The item tables in the schema ``hiermem_langgraph`` of a PostgreSQL database.
 
-    One connection holds the store's session advisory lock (released when it closes, also when the
-    process dies); after a lost connection the next call connects again and takes the lock again.
+    Many processes may open it. A writer holds the store's write lock (a session advisory lock, released
+    when it unlocks, its connection closes or its process dies) from before it reads the stored items
+    until its last statement; after a lost connection the next call connects again.
     """
 
     def __init__(self, url: str) -> None:
@@ -352,7 +375,9 @@ class _PostgresItems(_ItemsDB):
 
         params, self.location = parse_url(url)
         self.prefix = f"{SCHEMA}."
-        self._url = split_url(url)[0]  # without hiermem's own parameters (lock_timeout=)
+        self._url, own = split_url(url)  # without hiermem's own parameters (lock_timeout=)
+        self.write_wait = float(own["lock_timeout"]) if "lock_timeout" in own else WRITE_WAIT
+        self._write_depth = 0
         self._timeout = float(params.get("connect_timeout") or 10)
         self._kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
@@ -365,7 +390,6 @@ class _PostgresItems(_ItemsDB):
         try:
             with self._conn.transaction(), self._conn.cursor() as cur:
                 self._check(cur, missing_ok=True)  # read only: nothing is written into a foreign schema
-            self._lock_store(self._conn)
         except BaseException as e:
             self.close()
             if isinstance(e, PersistenceError):
@@ -388,34 +412,65 @@ class _PostgresItems(_ItemsDB):
                 "are right (create the database first, e.g. createdb)."
             ) from None
 
-    def _lock_store(self, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, _OWNER_LOCK)).fetchone()
-        if not row or not row[0]:
-            raise PersistenceError(
-                f"The LangGraph store in {self.location} is in use by another process (one process per "
-                "store); close it there first."
-            )
+    def lock_writes(self) -> None:
+        """Take the store's write lock (reentrant), waiting at most :attr:`write_wait` seconds.
+
+        Raises:
+            NamespaceBusyError: another process kept the lock longer (nothing was done; retry later).
+            PersistenceError: the server cannot be reached.
+        """
+        import psycopg
+
+        from shared_core.types import NamespaceBusyError
+
+        if self._write_depth:
+            self._write_depth += 1
+            return
+        conn = self.conn
+        ms = max(1, round(self.write_wait * 1000))
+        try:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
+        except psycopg.errors.LockNotAvailable:
+            raise NamespaceBusyError(
+                f"The LangGraph store in {self.location} is being written by another process for longer "
+                f"than {self.write_wait:g} s; nothing was changed. Try again, or raise the wait "
+                "(lock_timeout= in the URL)."
+            ) from None
+        except Exception as e:
+            raise self._error(e, "lock") from None
+        self._write_depth = 1
+
+    def unlock_writes(self) -> None:
+        """Release the write lock taken by :meth:`lock_writes` (a lost connection released it already)."""
+        if self._write_depth > 1:
+            self._write_depth -= 1
+            return
+        self._write_depth = 0
+        c = self._conn
+        if c is not None and not c.closed and not c.broken:
+            try:
+                c.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
+            except Exception:
+                self._drop()  # closing the session releases the lock
+
+    def stored_seq(self) -> int:
+        """The stored change sequence (see :meth:`_ItemsDB.stored_seq`)."""
+        try:
+            row = self.conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'seq'").fetchone()
+        except Exception as e:
+            raise self._error(e, "read") from None
+        return int(json.loads(row[0])) if row is not None else -1
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        """The connection; connected again (and the store locked again) after it was lost."""
+        """The connection; connected again after it was lost (a write lock it held is then released)."""
         if self._closed:
             raise PersistenceError(f"The LangGraph store in {self.location} is closed; open it again.")
         c = self._conn
         if c is None or c.closed or c.broken:
             self._drop()
-            c = self._connect()
-            try:
-                self._lock_store(c)
-            except BaseException as e:
-                with suppress(Exception):
-                    c.close()
-                if isinstance(e, PersistenceError):
-                    raise
-                if isinstance(e, Exception):
-                    raise self._error(e, "lock") from None
-                raise
-            self._conn = c
+            self._conn = c = self._connect()
         return c
 
     def _drop(self) -> None:

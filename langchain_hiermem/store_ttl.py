@@ -138,8 +138,10 @@ class TTLMixin:
         if not changed:
             return
         self._write_expiry(changed)
-        for ns, new in changed.items():
-            self._spaces[ns].expiry.update(new)
+        for ns, new in changed.items():  # (the write may have reloaded the spaces: keys still there)
+            space = self._spaces.get(ns)
+            if space is not None:
+                space.expiry.update({k: v for k, v in new.items() if k in space.items})
 
     def _write_expiry(self, changed: Mapping[Any, Mapping[str, Expiry]]) -> None:
         """Make refreshed expiries durable (nothing to do in RAM)."""
