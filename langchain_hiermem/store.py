@@ -11,10 +11,9 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.embeddings import Embeddings
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -28,6 +27,7 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    TTLConfig,
     get_text_at_path,
     validate_op_namespace,
 )
@@ -36,9 +36,17 @@ from shared_core.base import HierarchicalMemory
 from shared_core.filters import message_filter
 from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
 
-from .models import LangChainEmbedder, as_core_embedder
+from .models import as_core_embedder
 from .retrievers import HierMemRetriever
-from .store_semantics import capture_query_vector, check_filter, item_matches, similarity_scores, split_text
+from .store_semantics import (
+    capture_query_vector,
+    check_filter,
+    embedder_and_fields,
+    item_matches,
+    similarity_scores,
+    split_text,
+)
+from .store_ttl import Expiry, TTLMixin, check_ttl
 
 if TYPE_CHECKING:
     from .store_durable import DurableHierMemStore
@@ -66,6 +74,7 @@ class _Space:
     memory: HierarchicalMemory | None = None
     leaves: dict[str, list[int]] = field(default_factory=dict)
     texts: dict[str, list[str]] = field(default_factory=dict)
+    expiry: dict[str, Expiry] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,61 +111,6 @@ def _as_namespace(namespace: Any, what: str = "namespace", allow_empty: bool = F
     return ns
 
 
-def embedder_and_fields(index: Mapping[str, Any]) -> tuple[Any, list[str] | None]:
-    """The store's embedder and text fields from a LangGraph ``IndexConfig``.
-
-    Args:
-        index: ``{"dims": int, "embed": ..., "fields": [...]}`` (every key optional). ``embed`` is a
-            LangChain ``Embeddings``, a function of a list of texts (sync or async), a
-            ``"provider:model"`` string (``langchain.embeddings.init_embeddings``, needs the ``langchain``
-            package and the provider's) or a hiermem embedder; ``dims`` is checked against the vectors.
-            ``fields`` default ``None``: the store's default text (``"text"``, ``"content"``, the value).
-
-    Returns:
-        ``(embedder, fields)``: a core embedder (``None`` without ``embed``) and the field paths.
-
-    Raises:
-        InvalidInputError: not a mapping, an unknown key, ``dims`` not a positive integer, ``fields`` not a
-            list of strings, or an ``embed`` that cannot be turned into embeddings.
-    """
-    if not isinstance(index, Mapping):
-        raise InvalidInputError(
-            f"index must be a LangGraph IndexConfig dict such as {{'dims': 384, 'embed': embeddings}}, got "
-            f"{type(index).__name__}."
-        )
-    unknown = sorted(set(index) - {"dims", "embed", "fields"})
-    if unknown:
-        raise InvalidInputError(f"Unknown index keys {unknown}; an IndexConfig has dims, embed and fields.")
-    dims = index.get("dims")
-    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
-        raise InvalidInputError(f"index['dims'] must be a positive integer, got {dims!r}.")
-    fields = index.get("fields")
-    if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
-        raise InvalidInputError("index['fields'] must be a list of field paths (strings), e.g. ['text'].")
-    embed = index.get("embed")
-    if embed is None:
-        return None, list(fields) if fields is not None else None
-    if not isinstance(embed, (Embeddings, str)) and hasattr(embed, "embed") and hasattr(embed, "dim"):
-        embedder = embed  # already a hiermem embedder
-    else:
-        if not isinstance(embed, Embeddings):
-            if not isinstance(embed, str) and not callable(embed):
-                raise InvalidInputError(
-                    "index['embed'] must be a LangChain Embeddings, a function of a list of texts, a "
-                    f"'provider:model' string or a hiermem embedder, got {type(embed).__name__}."
-                )
-            from langgraph.store.base import ensure_embeddings
-
-            try:
-                embed = ensure_embeddings(embed)
-            except (ImportError, ValueError) as e:
-                raise InvalidInputError(f"Cannot use index['embed'] = {embed!r}: {e}") from None
-        embedder = as_core_embedder(embed)
-        if dims is not None and isinstance(embedder, LangChainEmbedder):
-            embedder = LangChainEmbedder(embedder.embeddings, dim=dims)
-    return embedder, list(fields) if fields is not None else None
-
-
 def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
     path = tuple(cond.path)
     if len(ns) < len(path):
@@ -167,7 +121,7 @@ def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
     return all(p == "*" or p == n for p, n in zip(path, part))
 
 
-class HierMemStore(BaseStore):
+class HierMemStore(TTLMixin, BaseStore):
     """A LangGraph long-term memory store backed by hiermem memories, one per namespace.
 
     Items are kept as key -> value dicts per namespace (``get``, listing, filters) and the text of each
@@ -218,12 +172,15 @@ class HierMemStore(BaseStore):
         score: what ``SearchItem.score`` of a query search holds: ``"similarity"`` (default; the cosine
             of the query and the item's text, in ``[-1, 1]``, as LangGraph's stores) or ``"relevance"``
             (the memory's score of the item's best hit, e.g. SegTreeMem's propagated relevance).
+        ttl: LangGraph's ``TTLConfig`` (``default_ttl`` minutes, ``refresh_on_read``, ``omit_expired``,
+            ``sweep_interval_minutes``), default ``None``: items expire only when a put gives ``ttl=``;
+            see :mod:`langchain_hiermem.store_ttl` (kept, a copy, as :attr:`ttl_config`).
 
     Raises:
         InvalidInputError: ``score`` not ``"similarity"`` or ``"relevance"``; both ``memory_factory``
             and ``embedder`` / ``memory_kwargs`` (or an ``index`` with ``embed``) given; ``index``
             together with ``embedder`` or ``fields``; a ``fields`` entry that is not a string; a
-            malformed ``index``.
+            malformed ``index`` or ``ttl``.
 
     A store that survives restarts: :meth:`from_conn_string` (SQLite file or PostgreSQL URL).
 
@@ -231,8 +188,6 @@ class HierMemStore(BaseStore):
         LangGraph ``BaseStore`` (``langgraph.store.base``); core ``HierarchicalMemory.add`` /
         ``retrieve`` / ``delete``.
     """
-
-    supports_ttl = False
 
     def __init__(
         self,
@@ -245,7 +200,9 @@ class HierMemStore(BaseStore):
         search_kwargs: dict[str, Any] | None = None,
         index: IndexConfig | None = None,
         score: str = "similarity",
+        ttl: TTLConfig | None = None,
     ) -> None:
+        self._init_ttl(ttl)
         if score not in SCORES:
             raise InvalidInputError(f"score must be 'similarity' or 'relevance', got {score!r}.")
         #: LangGraph's ``IndexConfig`` given to the constructor (a copy), else ``None``.
@@ -297,7 +254,9 @@ class HierMemStore(BaseStore):
         """A store kept in a database, open for the ``with`` block (closed when it ends).
 
         Items and each namespace's memory are committed before every put returns, so a new process that
-        opens the same ``conn`` gets the same ``get`` / ``search`` / ``list_namespaces`` results. See
+        opens the same ``conn`` gets the same ``get`` / ``search`` / ``list_namespaces`` results. On
+        PostgreSQL several processes may use the store at once, each seeing the others' writes; an SQLite
+        store serves one process at a time. See
         :class:`~langchain_hiermem.store_durable.DurableHierMemStore`.
 
         Args:
@@ -307,16 +266,16 @@ class HierMemStore(BaseStore):
             index: LangGraph's ``IndexConfig`` (``dims``, ``embed``, ``fields``), see
                 :func:`embedder_and_fields`.
             **kwargs: the other arguments of :class:`HierMemStore` (``memory_factory``, ``embedder``,
-                ``fields``, ``memory_kwargs``, ``policy``, ``search_kwargs``) and of the durable store
-                (``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
+                ``fields``, ``memory_kwargs``, ``policy``, ``search_kwargs``, ``ttl``) and of the durable
+                store (``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
 
         Returns:
             A context manager giving the open store.
 
         Raises:
             InvalidInputError: a malformed path or URL, or a bad argument.
-            PersistenceError: the database is not a hiermem LangGraph store, is in use by another
-                process, or the server cannot be reached.
+            PersistenceError: the database is not a hiermem LangGraph store, the SQLite file is in use
+                by another process, or the server cannot be reached.
             VersionMismatchError: the store was written by another layout version.
 
         Example:
@@ -437,6 +396,7 @@ class HierMemStore(BaseStore):
                     _as_namespace(cond.path, "match condition path", allow_empty=True)
             validate_op_namespace(op)
             if isinstance(op, PutOp):
+                check_ttl(op.ttl)
                 if not op.namespace:
                     raise InvalidNamespaceError("Namespace cannot be empty.")
                 if op.value is not None and not isinstance(op.value, Mapping):
@@ -457,10 +417,20 @@ class HierMemStore(BaseStore):
                     i = j
                     continue
                 if isinstance(op, GetOp):
+                    now = self._clock()
                     space = self._spaces.get(tuple(op.namespace))
-                    results[i] = space.items.get(op.key) if space is not None else None
+                    item = space.items.get(op.key) if space is not None else None
+                    results[i] = None if item is None or op.key in self._hidden(space, now) else item
+                    if results[i] is not None and op.refresh_ttl:
+                        self._refresh({tuple(op.namespace): [op.key]}, now)
                 elif isinstance(op, SearchOp):
-                    results[i] = self._search(op)
+                    now = self._clock()
+                    found = results[i] = self._search(op, now)
+                    if found and op.refresh_ttl:
+                        touched: dict[Namespace, list[str]] = {}
+                        for it in found:
+                            touched.setdefault(tuple(it.namespace), []).append(it.key)
+                        self._refresh(touched, now)
                 else:
                     results[i] = self._list_namespaces(op)
                 i += 1
@@ -497,8 +467,17 @@ class HierMemStore(BaseStore):
         """Apply a run of puts: first every namespace's new texts (one ``add`` each), then the removals.
 
         If an ``add`` fails, the texts already added to other namespaces in this run are deleted again
-        and nothing else changes, so the store holds the same items and texts as before.
+        and nothing else changes, so the store holds the same items and texts as before. A put of a key
+        whose item expired (and is left out of reads) makes a new item, as after the item was swept.
         """
+        now = self._clock()
+        gone = {
+            (tuple(op.namespace), op.key)
+            for op in ops
+            if (space := self._spaces.get(tuple(op.namespace))) is not None
+            and op.key in self._hidden(space, now)
+        }
+        ops = [*(PutOp(ns, key, None) for ns, key in sorted(gone)), *ops]
         last: dict[tuple[Namespace, str], PutOp] = {}
         for op in ops:  # the last put of a key wins
             last.pop((tuple(op.namespace), op.key), None)
@@ -508,7 +487,6 @@ class HierMemStore(BaseStore):
             by_ns[ns].append(op)
         moves = self._moves(ops)
         added: list[_Added] = []
-        now = datetime.now(timezone.utc)
         try:
             for ns, group in by_ns.items():
                 added.append(self._add_texts(ns, group, added))
@@ -596,6 +574,12 @@ class HierMemStore(BaseStore):
                 space.leaves[op.key] = left
                 space.texts[op.key] = [*a.texts.get(op.key, []), *old_texts[len(old) - len(stale) :]]
         final = {op.key: op for op in a.ops}
+        for key, op in final.items():
+            expiry = self._expiry_of(op, now) if op.value is not None else None
+            if expiry is None:
+                space.expiry.pop(key, None)
+            else:
+                space.expiry[key] = expiry
         for key in a.removed:
             space.items.pop(key, None)
         kept = [k for k, op in final.items() if op.value is not None and k in space.items]
@@ -636,7 +620,7 @@ class HierMemStore(BaseStore):
         return []
 
     # ------------------------------------------------------------------ search
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    def _search(self, op: SearchOp, now: datetime) -> list[SearchItem]:
         if op.limit < 0 or op.offset < 0:
             raise InvalidInputError(f"limit and offset must be >= 0, got {op.limit} and {op.offset}.")
         check_filter(op.filter)
@@ -647,14 +631,19 @@ class HierMemStore(BaseStore):
             return []
 
         flt = self._filter_form(op.filter) if op.filter else None
+        hidden = {ns: h for ns, s in spaces if (h := self._hidden(s, now))}
+        spaces = [(ns, s) for ns, s in spaces if len(hidden.get(ns, ())) < len(s.items)]
 
         def keep(item: Item) -> bool:
-            return item_matches(item.value, flt)
+            return item.key not in hidden.get(tuple(item.namespace), ()) and item_matches(item.value, flt)
 
         if not op.query:
             out = [self._search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
             return out[op.offset : want]
-        rankings = [self._ranked(ns, s, op.query, want, keep if op.filter else None) for ns, s in spaces]
+        rankings = [
+            self._ranked(ns, s, op.query, want, keep if op.filter or ns in hidden else None)
+            for ns, s in spaces
+        ]
         ranked: list[SearchItem] = []
         for r in range(max((len(x) for x in rankings), default=0)):
             ranked.extend(sorted((x[r] for x in rankings if r < len(x)), key=lambda it: -(it.score or 0.0)))
@@ -770,7 +759,8 @@ class HierMemStore(BaseStore):
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         if op.limit < 0 or op.offset < 0:
             raise InvalidInputError(f"limit and offset must be >= 0, got {op.limit} and {op.offset}.")
-        names = [ns for ns, s in self._spaces.items() if s.items]
+        now = self._clock()
+        names = [ns for ns, s in self._spaces.items() if len(s.items) > len(self._hidden(s, now))]
         if op.match_conditions:
             names = [ns for ns in names if all(_ns_matches(c, ns) for c in op.match_conditions)]
         if op.max_depth is not None:

@@ -23,8 +23,13 @@ reconciles the memories with them as a reopen does. A process killed between two
 memory leaves that no item records; they are deleted when the namespace's memory is next opened, so a
 reopened store has exactly the items whose write was committed, each indexed by its own texts.
 
-One process owns a store at a time (SQLite: an exclusive lock on the file; PostgreSQL: a session
-advisory lock), so the items kept in RAM never go stale; a second opener gets :class:`PersistenceError`.
+SQLite: one process owns a store at a time (an exclusive lock on the file), so the items kept in RAM
+never go stale; a second opener gets :class:`PersistenceError`. PostgreSQL: many processes share a
+store. Before each operation a process compares the stored change sequence with its own and reloads the
+items when another process wrote (the memories catch up by themselves); a run of puts, a sweep, and
+any repair of a memory run under the store's write lock, after that reload, so they never overwrite
+another process's write, and texts a killed writer left in a memory are deleted by the next writer of
+that namespace.
 Values must be JSON-serialisable: they are stored and returned as JSON (tuples become lists).
 
 References:
@@ -37,12 +42,12 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterable, Mapping
-from contextlib import suppress
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any
 
-from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result
+from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result, TTLConfig
 
 from shared_core.base import HierarchicalMemory
 from shared_core.namespaces import MemoryStore
@@ -60,6 +65,7 @@ from .store import HierMemStore, MemoryFactory, Namespace, _Added, _as_namespace
 from .store_items import (
     _ADD_SPACE,
     _DELETE_ITEM,
+    _SET_EXPIRY,
     _SET_LEAVES,
     _UPSERT_ITEM,
     FORMAT,
@@ -73,6 +79,7 @@ from .store_items import (
     _target,
 )
 from .store_semantics import json_form
+from .store_ttl import Expiry
 
 __all__ = ["FORMAT", "KIND", "MEMORY_PREFIX", "SCHEMA", "DurableHierMemStore"]
 
@@ -103,11 +110,14 @@ class DurableHierMemStore(HierMemStore):
             A PostgreSQL server decides its own durability; only ``"FULL"`` is accepted with a URL.
         pool_size: most connections of each of the memories' two PostgreSQL pools, default 8.
         score: what ``SearchItem.score`` holds (see :class:`HierMemStore`), default ``"similarity"``.
+        ttl: LangGraph's ``TTLConfig`` (see :class:`HierMemStore`), default ``None``. Each item's TTL and
+            expiry are stored with it, so they hold across a reopen; a read that refreshes a TTL writes
+            the new expiry.
 
     Raises:
         InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`).
-        PersistenceError: the file or database is not a hiermem LangGraph store, the store is in use by
-            another process, the server cannot be reached or refuses the login.
+        PersistenceError: the file or database is not a hiermem LangGraph store, the SQLite file is in
+            use by another process, the server cannot be reached or refuses the login.
         VersionMismatchError: the items or the memories were written by another layout version.
     """
 
@@ -125,8 +135,10 @@ class DurableHierMemStore(HierMemStore):
         synchronous: str = "FULL",
         pool_size: int = 8,
         score: str = "similarity",
+        ttl: TTLConfig | None = None,
     ) -> None:
         super().__init__(
+            ttl=ttl,
             score=score,
             memory_factory=memory_factory,
             embedder=embedder,
@@ -148,6 +160,9 @@ class DurableHierMemStore(HierMemStore):
         self._pending: Iterable[_Added] = ()
         self._created: list[tuple[Namespace, HierarchicalMemory]] = []
         self._probed: set[Namespace] = set()
+        self._reconciled: set[Namespace] = set()
+        self._shared = kind == "postgres"  # several processes may use the store
+        self._writers = 0  # depth of _writing() in this process
         self._space_pos: dict[Namespace, int] = {}
         self._item_pos: dict[tuple[Namespace, str], int] = {}
         self._next_space = self._next_item = 0
@@ -194,7 +209,9 @@ class DurableHierMemStore(HierMemStore):
             self._db.setup()
 
     def close(self) -> None:
-        """Close the memories' stores and the item database, releasing the store (idempotent)."""
+        """Stop the TTL sweeper, close the memories' stores and the item database, releasing the store
+        (idempotent)."""
+        self.stop_ttl_sweeper()
         with self._lock:
             self._closed = True
             self._shut()
@@ -238,9 +255,19 @@ class DurableHierMemStore(HierMemStore):
             PersistenceError: the store is closed, or the items cannot be reloaded (tried again next time).
         """
         self._check_open()
-        if not self._resync:
-            return
+        if self._resync or (self._shared and self._db.stored_seq() != self._seq):
+            self._reload()
+
+    def _reload(self) -> None:
+        """Read the items again (another process wrote, or a write's outcome was unknown); the memories
+        open in this process stay open (they catch up by themselves), and are reconciled with the items
+        by the next writer that uses them.
+
+        Raises:
+            PersistenceError: the items cannot be read (nothing changes; tried again next time).
+        """
         saved = (dict(self._spaces), dict(self._space_pos), dict(self._item_pos), set(self._probed))
+        opened = {ns: sp.memory for ns, sp in self._spaces.items() if sp.memory is not None}
         self._spaces.clear()
         self._space_pos.clear()
         self._item_pos.clear()
@@ -250,7 +277,37 @@ class DurableHierMemStore(HierMemStore):
         except BaseException:
             self._spaces, self._space_pos, self._item_pos, self._probed = saved
             raise
+        for ns, mem in opened.items():
+            if ns in self._spaces:
+                self._spaces[ns].memory = mem
+                self._probed.add(ns)
+        self._reconciled.clear()
         self._resync = False
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Hold the store's write lock (PostgreSQL; reentrant) with the items of the database: a writer
+        reloads what other processes wrote and repairs the memories it uses (see :meth:`_reconcile`).
+
+        Raises:
+            NamespaceBusyError: another process kept writing for longer than the URL's ``lock_timeout``
+                (default 60 s).
+            PersistenceError: the store is closed or the database failed.
+        """
+        if not self._shared:
+            yield
+            return
+        self._check_open()
+        self._db.lock_writes()  # type: ignore[attr-defined]
+        self._writers += 1
+        try:
+            if self._writers == 1:
+                self._reconciled.clear()  # a writer killed since may have left texts in a memory
+                self._start()
+            yield
+        finally:
+            self._writers -= 1
+            self._db.unlock_writes()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
@@ -261,7 +318,7 @@ class DurableHierMemStore(HierMemStore):
                 ns = tuple(normalize_namespace(json.loads(ns_text)))
                 self._spaces[ns] = _Space()
                 self._space_pos[ns] = int(pos)
-            for ns_text, key, value, created, updated, pos, leaves in items:
+            for ns_text, key, value, created, updated, pos, leaves, minutes, expires in items:
                 ns = tuple(normalize_namespace(json.loads(ns_text)))
                 space = self._spaces.get(ns)
                 if space is None:  # never written without its namespace row; kept readable all the same
@@ -282,6 +339,11 @@ class DurableHierMemStore(HierMemStore):
                     space.leaves[str(key)] = [int(lid) for lid, _ in pairs]
                     space.texts[str(key)] = [str(text) for _, text in pairs]
                 self._item_pos[(ns, str(key))] = int(pos)
+                if minutes is not None:
+                    at = datetime.fromisoformat(expires)
+                    if at.tzinfo is None:
+                        raise ValueError(f"the expiry of {key!r} has no time zone")
+                    space.expiry[str(key)] = (float(minutes), at)
         except (TypeError, ValueError, InvalidInputError) as e:
             raise PersistenceError(
                 f"{self.location} holds a malformed row ({e}); the store is corrupt."
@@ -304,10 +366,11 @@ class DurableHierMemStore(HierMemStore):
         """The namespace's memory, opened from the database on first use (then reconciled with the items)."""
         if space.memory is None and namespace not in self._probed:
             mems = self._check_open()
-            mem = mems.get(self._memory_ns(namespace))
-            self._reconcile(namespace, space, mem)
-            space.memory = mem
+            space.memory = mems.get(self._memory_ns(namespace))
             self._probed.add(namespace)
+        if namespace not in self._reconciled and (not self._shared or self._writers):
+            self._reconcile(namespace, space, space.memory)
+            self._reconciled.add(namespace)
         return space.memory
 
     def _new_memory(self, namespace: Namespace, pending: Iterable[_Added] = ()) -> HierarchicalMemory:
@@ -326,6 +389,7 @@ class DurableHierMemStore(HierMemStore):
         elif len(mem):
             self._reconcile(namespace, self._spaces.get(namespace) or _Space(), mem)
         self._probed.add(namespace)
+        self._reconciled.add(namespace)
         return mem
 
     def _reconcile(self, ns: Namespace, space: _Space, mem: HierarchicalMemory | None) -> None:
@@ -338,6 +402,8 @@ class DurableHierMemStore(HierMemStore):
         Raises:
             PersistenceError: the corrected leaves cannot be written (nothing changes).
         """
+        if mem is not None and self._shared:
+            mem.refresh()  # what other processes committed to the memory
         st = mem._store if mem is not None else None
         present = set(st.leaves()) if st is not None else set()
         by_source = st.by_source if st is not None else {}
@@ -379,7 +445,8 @@ class DurableHierMemStore(HierMemStore):
                 )
 
     def get_memory(self, namespace: tuple[str, ...]) -> HierarchicalMemory | None:
-        """The core memory of a namespace (``None`` until something was indexed in it).
+        """The core memory of a namespace (``None`` until something was indexed in it), caught up
+        with what other processes committed to it (PostgreSQL).
 
         Raises:
             InvalidNamespaceError: a string or otherwise invalid namespace.
@@ -387,7 +454,10 @@ class DurableHierMemStore(HierMemStore):
         """
         with self._lock:
             self._start()
-            return super().get_memory(namespace)
+            mem = super().get_memory(namespace)
+            if mem is not None and self._shared:
+                mem.refresh()  # what other processes committed to it
+            return mem
 
     def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
         """A retriever over one namespace's memory (created, and the namespace recorded, when new).
@@ -404,7 +474,7 @@ class DurableHierMemStore(HierMemStore):
             PersistenceError: the store is closed, or the memory cannot be opened or created.
         """
         ns = self._durable_namespace(_as_namespace(namespace))
-        with self._lock:
+        with self._lock, self._writing():
             self._start()
             self._created = []
             retriever = super().as_retriever(ns, **kwargs)
@@ -471,12 +541,13 @@ class DurableHierMemStore(HierMemStore):
         return json_form(flt)
 
     def _apply_puts(self, ops: list[PutOp]) -> None:
-        """:meth:`HierMemStore._apply_puts`, recording the memories the run creates."""
-        self._created = []
-        try:
-            super()._apply_puts(ops)
-        finally:
+        """:meth:`HierMemStore._apply_puts` under the write lock, recording the memories the run creates."""
+        with self._writing():
             self._created = []
+            try:
+                super()._apply_puts(ops)
+            finally:
+                self._created = []
 
     def _add_texts(self, ns: Namespace, ops: list[PutOp], pending: list[_Added]) -> _Added:
         """:meth:`HierMemStore._add_texts`, telling the MemoryStore's factory which memories are pending."""
@@ -521,7 +592,9 @@ class DurableHierMemStore(HierMemStore):
                 leaves = [[lid, t] for lid, t in zip(a.leaves.get(key, []), a.texts.get(key, []))]
                 created = prev.created_at.isoformat() if prev is not None else stamp
                 value = _dumps(final[key].value)
-                stmts.append((_UPSERT_ITEM, (nsk, key, value, created, stamp, pos, _dumps(leaves))))
+                expiry = self._expiry_of(final[key], now)
+                ttl = (expiry[0], expiry[1].isoformat()) if expiry is not None else (None, None)
+                stmts.append((_UPSERT_ITEM, (nsk, key, value, created, stamp, pos, _dumps(leaves), *ttl)))
         if not stmts:
             return
         try:
@@ -541,6 +614,40 @@ class DurableHierMemStore(HierMemStore):
             self._item_pos.pop(k, None)
         self._item_pos.update(item_pos)
         self._next_item = next_item
+
+    def sweep_ttl(self) -> int:
+        """:meth:`~langchain_hiermem.store_ttl.TTLMixin.sweep_ttl` under the write lock (PostgreSQL: the
+        items other processes wrote included).
+
+        Raises:
+            PersistenceError: the store is closed or the database failed (see :meth:`batch`).
+            NamespaceBusyError: another process kept writing too long.
+        """
+        with self._lock, self._writing():
+            return super().sweep_ttl()
+
+    def _before_sweep(self) -> None:
+        """A sweep needs the store open, with the database's items."""
+        self._start()
+
+    def _write_expiry(self, changed: Mapping[Namespace, Mapping[str, Expiry]]) -> None:
+        """Write the refreshed expiries of read items in one transaction.
+
+        Raises:
+            PersistenceError: the write failed (the expiries stay as they were).
+            CommitUnknownError: its outcome is unknown; the items are reloaded before the next operation.
+        """
+        stmts: list[Statement] = [
+            (_SET_EXPIRY, (at.isoformat(), namespace_key(ns), key))
+            for ns, keys in changed.items()
+            for key, (_, at) in keys.items()
+        ]
+        try:
+            with self._writing():
+                self._seq = self._db.write(self._seq, stmts)
+        except CommitUnknownError:
+            self._resync = True
+            raise
 
     def _undo_puts(self, added: list[_Added]) -> None:
         """Drop the memories this failed run created (the namespaces had none before)."""

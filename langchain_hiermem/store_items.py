@@ -7,17 +7,25 @@ schema ``hiermem_langgraph``::
 
     meta(key PRIMARY KEY, value)             JSON values: kind, format, seq (one more per write)
     spaces(ns PRIMARY KEY, pos)              namespaces (ASCII JSON of the tuple), in order of creation
-    items(ns, key, value, created_at, updated_at, pos, leaves)   PRIMARY KEY (ns, key); leaves is a
-                                             JSON list of [leaf id, text] of the item's memory leaves
+    items(ns, key, value, created_at, updated_at, pos, leaves, ttl_minutes, expires_at)
+                                             PRIMARY KEY (ns, key); leaves is a JSON list of [leaf id,
+                                             text] of the item's memory leaves; ttl_minutes and
+                                             expires_at (ISO-8601 UTC) are NULL for an item without TTL
 
-:class:`_SQLiteItems` and :class:`_PostgresItems` hold one connection each, owned by one process (SQLite:
-an exclusive lock on the file; PostgreSQL: a session advisory lock); a second opener gets
-:class:`~shared_core.types.PersistenceError`. A file or schema that is not a hiermem LangGraph store is
-refused before anything is written into it. A write runs its statements in ONE transaction that also
-advances ``seq``, and only when ``seq`` is still the one this process last wrote. When the connection
-breaks during a PostgreSQL ``COMMIT``, the server is asked on a fresh connection (``txid_status``)
-whether it landed: committed is a successful write, aborted a failed one that changed nothing, and
-when the server cannot tell, :class:`~shared_core.types.CommitUnknownError`.
+Format 1 (without the two TTL columns) is migrated to format 2 by ``setup`` (on open): the columns are
+added, NULL for every item.
+
+:class:`_SQLiteItems` holds one connection, owned by one process (an exclusive lock on the file); a
+second opener gets :class:`~shared_core.types.PersistenceError` naming PostgreSQL for several.
+:class:`_PostgresItems` holds one connection per process and lets many processes use the store: each
+writer takes the store's write lock (a session advisory lock, :meth:`_PostgresItems.lock_writes`) for
+the whole of its write, and every process compares the stored ``seq`` with its own before each
+operation (:meth:`_ItemsDB.stored_seq`) to reload what others wrote. A file or schema that is not a
+hiermem LangGraph store is refused before anything is written into it. A write runs its statements in
+ONE transaction that also advances ``seq``, and only when ``seq`` is still the one this process last
+read. When the connection breaks during a PostgreSQL ``COMMIT``, the server is asked on a fresh
+connection (``txid_status``) whether it landed: committed is a successful write, aborted a failed one
+that changed nothing, and when the server cannot tell, :class:`~shared_core.types.CommitUnknownError`.
 
 References:
     LangGraph ``PostgresStore.from_conn_string`` / ``SqliteStore.from_conn_string``;
@@ -42,34 +50,46 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "KIND", "LOCK_CLASS", "SCHEMA", "Statement"]
 
-#: Version of the item tables (the ``format`` row of ``meta``).
-FORMAT = 1
+#: Version of the item tables (the ``format`` row of ``meta``); format 1 is migrated on open.
+FORMAT = 2
+_OLD_FORMAT = 1
 #: The ``kind`` row of ``meta``: what tells a hiermem LangGraph store from other databases.
 KIND = "hiermem-langgraph-store"
 #: The PostgreSQL schema of the item tables.
 SCHEMA = "hiermem_langgraph"
 #: First key of this module's PostgreSQL advisory locks ("hlgs"); second key 0 guards the schema setup,
-#: 1 is held by the process that owns the store.
+#: 2 is held by the process writing the store (1 was the single owner's lock before several processes).
 LOCK_CLASS = 0x686C6773
-_SETUP_LOCK, _OWNER_LOCK = 0, 1
+_SETUP_LOCK, _WRITE_LOCK = 0, 2
+#: Seconds a write waits for another process's write of the store, unless the URL gives lock_timeout=.
+WRITE_WAIT = 60.0
 
 _TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
     "spaces": ("ns", "pos"),
-    "items": ("ns", "key", "value", "created_at", "updated_at", "pos", "leaves"),
+    "items": ("ns", "key", "value", "created_at", "updated_at", "pos", "leaves", "ttl_minutes", "expires_at"),
 }
+_OLD_ITEMS = _TABLES["items"][:-2]  # format 1
+_MIGRATE = (
+    "ALTER TABLE {t}items ADD COLUMN ttl_minutes double precision",
+    "ALTER TABLE {t}items ADD COLUMN expires_at text",
+)
 _DDL = (
     "CREATE TABLE {t}meta (key text PRIMARY KEY, value text NOT NULL)",
     "CREATE TABLE {t}spaces (ns text PRIMARY KEY, pos bigint NOT NULL)",
     "CREATE TABLE {t}items (ns text NOT NULL, key text NOT NULL, value text NOT NULL, "
     "created_at text NOT NULL, updated_at text NOT NULL, pos bigint NOT NULL, leaves text NOT NULL, "
-    "PRIMARY KEY (ns, key))",
+    "ttl_minutes double precision, expires_at text, PRIMARY KEY (ns, key))",
 )
 _UPSERT_ITEM = (
-    "INSERT INTO {t}items (ns, key, value, created_at, updated_at, pos, leaves) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "INSERT INTO {t}items (ns, key, value, created_at, updated_at, pos, leaves, ttl_minutes, expires_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value, created_at = excluded.created_at, "
-    "updated_at = excluded.updated_at, pos = excluded.pos, leaves = excluded.leaves"
+    "updated_at = excluded.updated_at, pos = excluded.pos, leaves = excluded.leaves, "
+    "ttl_minutes = excluded.ttl_minutes, expires_at = excluded.expires_at"
 )
+_SET_EXPIRY = "UPDATE {t}items SET expires_at = ? WHERE ns = ? AND key = ? AND ttl_minutes IS NOT NULL"
+_ITEM_COLUMNS = "ns, key, value, created_at, updated_at, pos, leaves, ttl_minutes, expires_at"
 _DELETE_ITEM = "DELETE FROM {t}items WHERE ns = ? AND key = ?"
 _SET_LEAVES = "UPDATE {t}items SET leaves = ? WHERE ns = ? AND key = ?"
 _ADD_SPACE = "INSERT INTO {t}spaces (ns, pos) VALUES (?, ?) ON CONFLICT (ns) DO NOTHING"
@@ -90,8 +110,8 @@ def _not_ours(location: str, why: str) -> PersistenceError:
     return PersistenceError(f"{location} is not a hiermem LangGraph store ({why}); {advice}.")
 
 
-def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
-    """The change sequence of a store's ``meta`` rows.
+def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> tuple[int, int]:
+    """The change sequence and the format (this one, or format 1 to migrate) of a store's ``meta`` rows.
 
     Raises:
         PersistenceError: the rows are not those of a hiermem LangGraph store.
@@ -103,7 +123,8 @@ def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
         raise _not_ours(location, f"unreadable meta table: {e}") from None
     if meta.get("kind") != KIND:
         raise _not_ours(location, f"its meta table names the kind {meta.get('kind')!r}")
-    if meta.get("format") != FORMAT:
+    fmt = meta.get("format")
+    if fmt not in (FORMAT, _OLD_FORMAT) or isinstance(fmt, bool):
         raise VersionMismatchError(
             f"The items in {location} have format {meta.get('format')!r}; this hiermem reads format "
             f"{FORMAT}. Use the hiermem version that created them, or another store."
@@ -111,7 +132,20 @@ def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> int:
     seq = meta.get("seq")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise PersistenceError(f"The change sequence of {location} is malformed; the store is corrupt.")
-    return seq
+    return seq, fmt
+
+
+def _check_columns(have: dict[str, tuple[str, ...]], fmt: int, where: str) -> None:
+    """The tables' columns are those of format ``fmt``.
+
+    Raises:
+        PersistenceError: they are not (the tables are not a hiermem LangGraph store's).
+    """
+    for table, want in _TABLES.items():
+        if table == "items" and fmt == _OLD_FORMAT:
+            want = _OLD_ITEMS
+        if have.get(table, ()) != want:
+            raise _not_ours(where, f"table {table!r} has columns {have.get(table, ())}, expected {want}")
 
 
 class _ItemsDB:
@@ -119,6 +153,7 @@ class _ItemsDB:
 
     location: str
     prefix: str  # the tables' schema prefix in SQL ("" or "hiermem_langgraph.")
+    format: int = FORMAT  # the format of the tables found (format 1 until setup() migrated them)
 
     def sql(self, text: str) -> str:
         """A statement of this module in the backend's dialect."""
@@ -137,6 +172,14 @@ class _ItemsDB:
 
         Raises:
             PersistenceError: the write failed (nothing is written) or another process wrote the store.
+        """
+        raise NotImplementedError
+
+    def stored_seq(self) -> int:
+        """The stored change sequence (what this process compares with its own to see others' writes).
+
+        Raises:
+            PersistenceError: the database cannot be read.
         """
         raise NotImplementedError
 
@@ -195,8 +238,9 @@ class _SQLiteItems(_ItemsDB):
         text = str(e)
         if "locked" in text or "busy" in text:
             return PersistenceError(
-                f"The LangGraph store {self.path} is in use by another process (one process per store); "
-                "close it there first."
+                f"The LangGraph store {self.path} is in use by another process: an SQLite store serves one "
+                "process at a time. Close it there first, or keep the store in PostgreSQL "
+                "(HierMemStore.from_conn_string('postgresql://...')), which many processes share."
             )
         if isinstance(e, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
             return _not_ours(self.location, f"SQLite says: {text}")
@@ -215,11 +259,16 @@ class _SQLiteItems(_ItemsDB):
                 raise _not_ours(self.location, f"it holds a {kind} {name!r}")
         if not tables and missing_ok:
             return False
-        for table, cols in _TABLES.items():
-            have = tuple(r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall())
-            if have != cols:
-                raise _not_ours(self.location, f"table {table!r} has columns {have}, expected {cols}")
-        _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+        have = {
+            table: tuple(r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall())
+            for table in _TABLES
+        }
+        if "meta" not in tables or have["meta"] != _TABLES["meta"]:
+            raise _not_ours(self.location, f"table 'meta' has columns {have['meta']}")
+        _, self.format = _check_meta(
+            self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location
+        )
+        _check_columns(have, self.format, self.location)
         return True
 
     def setup(self) -> None:
@@ -240,6 +289,11 @@ class _SQLiteItems(_ItemsDB):
                         "INSERT INTO meta (key, value) VALUES (?, ?)",
                         [("kind", _dumps(KIND)), ("format", _dumps(FORMAT)), ("seq", "0")],
                     )
+                elif self.format == _OLD_FORMAT:
+                    for stmt in _MIGRATE:
+                        c.execute(self.sql(stmt))
+                    c.execute("UPDATE meta SET value = ? WHERE key = 'format'", (_dumps(FORMAT),))
+                self.format = FORMAT
                 c.execute("COMMIT")
             except BaseException:
                 with suppress(sqlite3.Error):
@@ -256,11 +310,11 @@ class _SQLiteItems(_ItemsDB):
         """
         try:
             self._check(missing_ok=False)
-            seq = _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+            seq, fmt = _check_meta(self.conn.execute("SELECT key, value FROM meta").fetchall(), self.location)
+            if fmt != FORMAT:
+                raise PersistenceError(f"{self.location} holds format {fmt}; call setup() to migrate it.")
             spaces = self.conn.execute("SELECT ns, pos FROM spaces ORDER BY pos").fetchall()
-            items = self.conn.execute(
-                "SELECT ns, key, value, created_at, updated_at, pos, leaves FROM items ORDER BY pos"
-            ).fetchall()
+            items = self.conn.execute(f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY pos").fetchall()
         except sqlite3.Error as e:
             raise self._error(e, "read") from None
         return seq, spaces, items
@@ -292,6 +346,14 @@ class _SQLiteItems(_ItemsDB):
                 c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return seq + 1
 
+    def stored_seq(self) -> int:
+        """The stored change sequence (see :meth:`_ItemsDB.stored_seq`)."""
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+        except sqlite3.Error as e:
+            raise self._error(e, "read") from None
+        return int(json.loads(row[0])) if row is not None else -1
+
     def close(self) -> None:
         """Close the connection (releases the lock; idempotent)."""
         c, self._conn = self._conn, None
@@ -303,8 +365,9 @@ class _SQLiteItems(_ItemsDB):
 class _PostgresItems(_ItemsDB):
     """The item tables in the schema ``hiermem_langgraph`` of a PostgreSQL database.
 
-    One connection holds the store's session advisory lock (released when it closes, also when the
-    process dies); after a lost connection the next call connects again and takes the lock again.
+    Many processes may open it. A writer holds the store's write lock (a session advisory lock, released
+    when it unlocks, its connection closes or its process dies) from before it reads the stored items
+    until its last statement; after a lost connection the next call connects again.
     """
 
     def __init__(self, url: str) -> None:
@@ -312,7 +375,9 @@ class _PostgresItems(_ItemsDB):
 
         params, self.location = parse_url(url)
         self.prefix = f"{SCHEMA}."
-        self._url = split_url(url)[0]  # without hiermem's own parameters (lock_timeout=)
+        self._url, own = split_url(url)  # without hiermem's own parameters (lock_timeout=)
+        self.write_wait = float(own["lock_timeout"]) if "lock_timeout" in own else WRITE_WAIT
+        self._write_depth = 0
         self._timeout = float(params.get("connect_timeout") or 10)
         self._kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
@@ -325,7 +390,6 @@ class _PostgresItems(_ItemsDB):
         try:
             with self._conn.transaction(), self._conn.cursor() as cur:
                 self._check(cur, missing_ok=True)  # read only: nothing is written into a foreign schema
-            self._lock_store(self._conn)
         except BaseException as e:
             self.close()
             if isinstance(e, PersistenceError):
@@ -348,34 +412,65 @@ class _PostgresItems(_ItemsDB):
                 "are right (create the database first, e.g. createdb)."
             ) from None
 
-    def _lock_store(self, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, _OWNER_LOCK)).fetchone()
-        if not row or not row[0]:
-            raise PersistenceError(
-                f"The LangGraph store in {self.location} is in use by another process (one process per "
-                "store); close it there first."
-            )
+    def lock_writes(self) -> None:
+        """Take the store's write lock (reentrant), waiting at most :attr:`write_wait` seconds.
+
+        Raises:
+            NamespaceBusyError: another process kept the lock longer (nothing was done; retry later).
+            PersistenceError: the server cannot be reached.
+        """
+        import psycopg
+
+        from shared_core.types import NamespaceBusyError
+
+        if self._write_depth:
+            self._write_depth += 1
+            return
+        conn = self.conn
+        ms = max(1, round(self.write_wait * 1000))
+        try:
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
+        except psycopg.errors.LockNotAvailable:
+            raise NamespaceBusyError(
+                f"The LangGraph store in {self.location} is being written by another process for longer "
+                f"than {self.write_wait:g} s; nothing was changed. Try again, or raise the wait "
+                "(lock_timeout= in the URL)."
+            ) from None
+        except Exception as e:
+            raise self._error(e, "lock") from None
+        self._write_depth = 1
+
+    def unlock_writes(self) -> None:
+        """Release the write lock taken by :meth:`lock_writes` (a lost connection released it already)."""
+        if self._write_depth > 1:
+            self._write_depth -= 1
+            return
+        self._write_depth = 0
+        c = self._conn
+        if c is not None and not c.closed and not c.broken:
+            try:
+                c.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
+            except Exception:
+                self._drop()  # closing the session releases the lock
+
+    def stored_seq(self) -> int:
+        """The stored change sequence (see :meth:`_ItemsDB.stored_seq`)."""
+        try:
+            row = self.conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'seq'").fetchone()
+        except Exception as e:
+            raise self._error(e, "read") from None
+        return int(json.loads(row[0])) if row is not None else -1
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        """The connection; connected again (and the store locked again) after it was lost."""
+        """The connection; connected again after it was lost (a write lock it held is then released)."""
         if self._closed:
             raise PersistenceError(f"The LangGraph store in {self.location} is closed; open it again.")
         c = self._conn
         if c is None or c.closed or c.broken:
             self._drop()
-            c = self._connect()
-            try:
-                self._lock_store(c)
-            except BaseException as e:
-                with suppress(Exception):
-                    c.close()
-                if isinstance(e, PersistenceError):
-                    raise
-                if isinstance(e, Exception):
-                    raise self._error(e, "lock") from None
-                raise
-            self._conn = c
+            self._conn = c = self._connect()
         return c
 
     def _drop(self) -> None:
@@ -424,9 +519,8 @@ class _PostgresItems(_ItemsDB):
         cols: dict[str, list[str]] = {}
         for table, col in cur.fetchall():
             cols.setdefault(str(table), []).append(str(col))
-        for table, want in _TABLES.items():
-            if tuple(cols.get(table, ())) != want:
-                raise _not_ours(where, f"table {table!r} has columns {tuple(cols.get(table, ()))}")
+        if tuple(cols.get("meta", ())) != _TABLES["meta"]:
+            raise _not_ours(where, f"table 'meta' has columns {tuple(cols.get('meta', ()))}")
         cur.execute(
             "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal",
@@ -435,7 +529,8 @@ class _PostgresItems(_ItemsDB):
         triggers = [r[0] for r in cur.fetchall()]
         if triggers:
             raise _not_ours(where, f"it has triggers: {', '.join(triggers)}")
-        _check_meta(cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), where)
+        _, self.format = _check_meta(cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), where)
+        _check_columns({t: tuple(c) for t, c in cols.items()}, self.format, where)
         return True
 
     def setup(self) -> None:
@@ -452,6 +547,13 @@ class _PostgresItems(_ItemsDB):
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, _SETUP_LOCK))
                 if self._check(cur, missing_ok=True):
+                    if self.format == _OLD_FORMAT:
+                        for stmt in _MIGRATE:
+                            cur.execute(self.sql(stmt))
+                        cur.execute(
+                            f"UPDATE {SCHEMA}.meta SET value = %s WHERE key = 'format'", (_dumps(FORMAT),)
+                        )
+                        self.format = FORMAT
                     return
                 cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
                 for stmt in _DDL:
@@ -474,14 +576,13 @@ class _PostgresItems(_ItemsDB):
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 self._check(cur, missing_ok=False)
-                seq = _check_meta(
+                seq, fmt = _check_meta(
                     cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), self.location
                 )
+                if fmt != FORMAT:
+                    raise PersistenceError(f"{self.location} holds format {fmt}; call setup() to migrate it.")
                 spaces = cur.execute(f"SELECT ns, pos FROM {SCHEMA}.spaces ORDER BY pos").fetchall()
-                items = cur.execute(
-                    "SELECT ns, key, value, created_at, updated_at, pos, leaves "
-                    f"FROM {SCHEMA}.items ORDER BY pos"
-                ).fetchall()
+                items = cur.execute(f"SELECT {_ITEM_COLUMNS} FROM {SCHEMA}.items ORDER BY pos").fetchall()
         except Exception as e:
             raise self._error(e, "read") from None
         return seq, spaces, items

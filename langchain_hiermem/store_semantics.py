@@ -31,6 +31,7 @@ from shared_core.types import InvalidInputError
 
 __all__ = [
     "OPERATORS",
+    "embedder_and_fields",
     "capture_query_vector",
     "check_filter",
     "compare_values",
@@ -252,3 +253,62 @@ def similarity_scores(
             if present:
                 out[key] = float(cosine_scores(qvec, mem._vectors(present)).max())
         return out
+
+
+def embedder_and_fields(index: Mapping[str, Any]) -> tuple[Any, list[str] | None]:
+    """The store's embedder and text fields from a LangGraph ``IndexConfig``.
+
+    Args:
+        index: ``{"dims": int, "embed": ..., "fields": [...]}`` (every key optional). ``embed`` is a
+            LangChain ``Embeddings``, a function of a list of texts (sync or async), a
+            ``"provider:model"`` string (``langchain.embeddings.init_embeddings``, needs the ``langchain``
+            package and the provider's) or a hiermem embedder; ``dims`` is checked against the vectors.
+            ``fields`` default ``None``: the store's default text (``"text"``, ``"content"``, the value).
+
+    Returns:
+        ``(embedder, fields)``: a core embedder (``None`` without ``embed``) and the field paths.
+
+    Raises:
+        InvalidInputError: not a mapping, an unknown key, ``dims`` not a positive integer, ``fields`` not a
+            list of strings, or an ``embed`` that cannot be turned into embeddings.
+    """
+    from langchain_core.embeddings import Embeddings
+
+    from .models import LangChainEmbedder, as_core_embedder
+
+    if not isinstance(index, Mapping):
+        raise InvalidInputError(
+            f"index must be a LangGraph IndexConfig dict such as {{'dims': 384, 'embed': embeddings}}, got "
+            f"{type(index).__name__}."
+        )
+    unknown = sorted(set(index) - {"dims", "embed", "fields"})
+    if unknown:
+        raise InvalidInputError(f"Unknown index keys {unknown}; an IndexConfig has dims, embed and fields.")
+    dims = index.get("dims")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        raise InvalidInputError(f"index['dims'] must be a positive integer, got {dims!r}.")
+    fields = index.get("fields")
+    if fields is not None and (isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+        raise InvalidInputError("index['fields'] must be a list of field paths (strings), e.g. ['text'].")
+    embed = index.get("embed")
+    if embed is None:
+        return None, list(fields) if fields is not None else None
+    if not isinstance(embed, (Embeddings, str)) and hasattr(embed, "embed") and hasattr(embed, "dim"):
+        embedder = embed  # already a hiermem embedder
+    else:
+        if not isinstance(embed, Embeddings):
+            if not isinstance(embed, str) and not callable(embed):
+                raise InvalidInputError(
+                    "index['embed'] must be a LangChain Embeddings, a function of a list of texts, a "
+                    f"'provider:model' string or a hiermem embedder, got {type(embed).__name__}."
+                )
+            from langgraph.store.base import ensure_embeddings
+
+            try:
+                embed = ensure_embeddings(embed)
+            except (ImportError, ValueError) as e:
+                raise InvalidInputError(f"Cannot use index['embed'] = {embed!r}: {e}") from None
+        embedder = as_core_embedder(embed)
+        if dims is not None and isinstance(embedder, LangChainEmbedder):
+            embedder = LangChainEmbedder(embedder.embeddings, dim=dims)
+    return embedder, list(fields) if fields is not None else None
