@@ -14,6 +14,7 @@ import numpy as np
 from .base import ADMISSIBLE, HierarchicalMemory, check_choice
 from .index import inner_products
 from .models.base import LLM, Embedder, Summarizer
+from .models.extractive import ExtractiveSummarizer, SummaryPool
 from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
 from .prompts import segtree as P
@@ -178,6 +179,7 @@ class SegTreeMem(HierarchicalMemory):
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
+        self._pools: dict[int, SummaryPool] = {}  # frontier nodes' annotation state (see _annotate)
         super().__init__(
             embedder,
             llm,
@@ -230,6 +232,7 @@ class SegTreeMem(HierarchicalMemory):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._decisions = dict(state.get("decisions", {}))
+        self._pools = {}  # a rollback, a load or another process's commits: the tree changed under them
 
     # ------------------------------------------------------------------ construction (Algorithm 1)
     def frontier(self) -> list[int]:
@@ -288,6 +291,8 @@ class SegTreeMem(HierarchicalMemory):
         for u in update:  # lines 19-22, bottom-up (copies follow the node they copy)
             st.refresh_span(u, ordered=True)
             self._annotate(u, usage)
+        # only frontier nodes change; the others' pools would only hold memory
+        self._pools = {u: self._pools[u] for u in update if u in self._pools}
         self._decisions[decision] = self._decisions.get(decision, 0) + 1
         return {"attach_level": ell, "decision": decision, "frontier_size": m}
 
@@ -340,17 +345,68 @@ class SegTreeMem(HierarchicalMemory):
         return copy.id
 
     def _annotate(self, nid: int, usage: Usage) -> None:
+        """Annotate ``nid`` from its children (Algorithm 1, line 21): ``A(v) = S(children)``.
+
+        With the extractive summariser the node keeps a :class:`~shared_core.models.extractive.SummaryPool`
+        while it is on the frontier: an insertion appends a child or changes the last one (the only
+        children that change), so the annotation costs the changed child's sentences and one vectorised
+        scoring instead of splitting and ranking every sentence of every child. The annotation is the
+        one ``summarize`` makes from all the children. A pool that does not match the node's children
+        (after a deletion, a rollback, a load, another process's commits) is rebuilt from them.
+        """
         st = self._store
         children = st.nodes[nid].children
         if len(children) == 1:
             st.set_text(nid, st.nodes[children[0]].text)
             return
-        text, u = self.summarizer.summarize(ChildTexts(st, nid), max_words=self.annotation_words)
+        if not self._pooled():
+            text, u = self.summarizer.summarize(ChildTexts(st, nid), max_words=self.annotation_words)
+        else:
+            text, u = self._pool(nid, children).summary()
         usage += u
         st.set_text(nid, text)
 
+    def _pooled(self) -> bool:
+        """Whether annotations are kept incrementally: the summariser is an ``ExtractiveSummarizer`` whose
+        ``summarize`` is the class's own (not overridden, nor replaced on the instance)."""
+        fn = getattr(getattr(self.summarizer, "summarize", None), "__func__", None)
+        return isinstance(self.summarizer, ExtractiveSummarizer) and fn is ExtractiveSummarizer.summarize
+
+    def _pool(self, nid: int, children: list[int]) -> SummaryPool:
+        """The pool of ``nid`` brought up to date with ``children``: the last child replaced when its id or
+        text changed and a new child appended; any other difference rebuilds it from the children."""
+        nodes = self._store.nodes
+        pool = self._pools.get(nid)
+        k = len(pool) if pool is not None else 0
+        ok = pool is not None and k >= 1 and len(children) in (k, k + 1)
+        if ok and k >= 2:
+            before = pool.children[k - 2]  # type: ignore[union-attr]
+            ok = before.key == children[k - 2] and before.text == nodes[children[k - 2]].text
+        if not ok or pool is None:
+            pool = self.summarizer.pool()  # type: ignore[attr-defined]
+            for c in children:
+                pool.append(nodes[c].text, c)
+            self._pools[nid] = pool
+            return pool
+        last = pool.children[-1]
+        if last.key != children[k - 1] or last.text != nodes[children[k - 1]].text:
+            pool.pop()
+            pool.append(nodes[children[k - 1]].text, children[k - 1])
+        if len(children) == k + 1:
+            pool.append(nodes[children[k]].text, children[k])
+        return pool
+
     def _reannotate(self, nid: int, usage: Usage) -> None:
+        self._pools = {}  # a deletion changes children anywhere: rebuild pools when next needed
         self._annotate(nid, usage)
+
+    def _forget_texts(self, texts: Any, changed: set[int], gone: set[int]) -> None:
+        self._pools = {}  # no deleted sentence stays in a pool
+        super()._forget_texts(texts, changed, gone)
+
+    def _forget_all(self, old: Any) -> None:
+        self._pools = {}
+        super()._forget_all(old)
 
     def _compatibility(self, text: str, leaf_id: int, cands: list[int], usage: Usage) -> int | None:
         """The compatibility model C: ``ℓ*`` in ``2..m`` (``cands[i]`` is level ``i + 2``) or ``None``.
