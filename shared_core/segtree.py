@@ -90,6 +90,15 @@ class SegTreeMem(HierarchicalMemory):
             it. On the dev data every ``B`` from 2 to 32 keeps the height at 3-7 and evidence recall@10
             within 0.01 of ``B = 8`` (LoCoMo ``top_down`` 0.644-0.647, RealMem Kenta_Tanaka 0.572-0.576);
             8 sits inside the mean branching of the paper's trees (Table 5: 3.8-9.2).
+        max_children: the most children a node may have, an int >= 2, or ``None`` (default: no bound,
+            the paper's rule). An utterance the compatibility model attaches to a node that has
+            ``max_children`` children goes one level up instead (the lowest frontier node from there
+            with room, else a new root), over its own chain, so it starts a new segment right after the
+            full one, which the following compatible utterances join: a long run of compatible
+            utterances becomes consecutive segments of at most ``max_children``. A departure from
+            Algorithm 1, which bounds neither a segment's length nor the work of annotating it (see
+            ``docs/evaluation.md``, "SegTreeMem insert cost in a long segment"); applies to every
+            compatibility model.
         alpha: propagation decay ``α`` in ``[0, 1)``, default 0.1 (the paper's). On LoCoMo dev every
             ``α`` from 0.05 to 0.3 is within three queries of the others (``top_down`` 0.639-0.652); on
             RealMem, where evidence is a session, a larger ``α`` gathers the top hits into fewer
@@ -119,7 +128,8 @@ class SegTreeMem(HierarchicalMemory):
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
     Raises:
-        InvalidInputError: a parameter out of range (e.g. ``branching`` not ``None`` or an int >= 2).
+        InvalidInputError: a parameter out of range (e.g. ``branching`` or ``max_children`` not ``None``
+            or an int >= 2).
         UnknownPolicyError: an unknown ``compat``, ``relevance`` or ``admissible``.
         LLMRequiredError: an LLM compatibility model without ``llm``.
 
@@ -146,6 +156,7 @@ class SegTreeMem(HierarchicalMemory):
         compat: str = "cosine",
         threshold: float = 0.25,
         branching: int | None = 8,
+        max_children: int | None = None,
         alpha: float = 0.1,
         horizon: int = 2,
         k: int = 10,
@@ -166,6 +177,11 @@ class SegTreeMem(HierarchicalMemory):
         self.compat = compat
         self.threshold = check_finite(threshold, "threshold")
         self.branching = check_branching(branching, "the paper's new root for every dissimilar utterance")
+        if max_children is not None and (
+            isinstance(max_children, bool) or not hasattr(max_children, "__index__") or int(max_children) < 2
+        ):
+            raise InvalidInputError(f"max_children must be an int >= 2 or None, got {max_children!r}.")
+        self.max_children = None if max_children is None else int(max_children)
         self.alpha = self._check_alpha(alpha)
         self.horizon = self._check_horizon(horizon)
         if isinstance(k, bool) or int(k) < 1:
@@ -217,6 +233,7 @@ class SegTreeMem(HierarchicalMemory):
             "compat": self.compat,
             "threshold": self.threshold,
             "branching": self.branching,
+            "max_children": self.max_children,
             "alpha": self.alpha,
             "horizon": self.horizon,
             "k": self.k,
@@ -274,6 +291,10 @@ class SegTreeMem(HierarchicalMemory):
         if ell is None and self.compat == "cosine" and self.branching is not None:
             ell = self._segment_level(F)  # a new segment rather than a new root, while there is room
             kind = "segment"
+        if ell is not None and self.max_children is not None:
+            up = self._room_from(F, ell)  # a full segment is continued by a new one after it
+            if up != ell:
+                ell, kind = up, "split"
         if ell is not None:  # lines 9-12; the chain of ell - 2 copies above the leaf is implicit
             target = self._stored_at(F[ell - 1], ell)
             st.add_child(target, leaf.id)
@@ -321,6 +342,27 @@ class SegTreeMem(HierarchicalMemory):
             node = st.nodes[F[level - 1]]
             fanout = len(node.children) if node.level == level else 1
             if fanout < self.branching:
+                return level
+        return None
+
+    def _room_from(self, F: list[int], ell: int) -> int | None:
+        """The lowest level from ``ell`` up whose frontier node has fewer than ``max_children`` children,
+        or ``None`` (NONE) when every one of them is full.
+
+        Attaching one level above a full segment gives the utterance its own chain, so its copy at the
+        full segment's level starts the segment's continuation, next to it and contiguous with it, which
+        the following compatible utterances join. A departure from Algorithm 1 (line 9 attaches at
+        ``ℓ*`` whatever its size), so that no node has more than ``max_children`` children.
+
+        References:
+            Appendix A, Algorithm 1, lines 8-17.
+        """
+        st = self._store
+        assert self.max_children is not None
+        for level in range(ell, len(F) + 1):
+            node = st.nodes[F[level - 1]]
+            fanout = len(node.children) if node.level == level else 1
+            if fanout < self.max_children:
                 return level
         return None
 

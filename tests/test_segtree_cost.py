@@ -267,3 +267,59 @@ def test_conversation_bench_runs_each_memory_with_its_default_summariser():
     assert "stand-ins" in W.render_workloads_markdown(doc)
     with pytest.raises(InvalidInputError):
         W.run_workloads(conversation=True, sizes=[40], window=5, summariser="nope", isolate=False)
+
+
+# --------------------------------------------------------------------------- max_children
+def _scored_rows_per_insert(mem: SegTreeMem, first: int, n: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    rows: list[int] = []
+    real = X._scores
+
+    def counting(M, c):
+        rows.append(len(M))
+        return real(M, c)
+
+    monkeypatch.setattr(X, "_scores", counting)
+    for i in range(first, first + n):
+        mem.add(_utterance(i, 1, 6))
+    monkeypatch.setattr(X, "_scores", real)
+    return max(rows)
+
+
+def test_max_children_bounds_a_segment_and_the_sentences_scored_per_insert(monkeypatch):
+    mem = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200, max_children=16)
+    for i in range(400):
+        mem.add(_utterance(i, 1, 6))
+    nodes = mem._store.nodes.values()
+    assert max(len(n.children) for n in nodes) <= 16
+    assert mem.stats()["decisions"].get("split_3", 0) > 0
+    leaves = [n.id for n in sorted((n for n in nodes if n.is_leaf), key=lambda n: n.span[0])]
+    assert [mem._store.nodes[i].span[0] for i in leaves] == list(range(400))
+    for n in nodes:  # every internal span is the contiguous union of its children's
+        if n.children:
+            spans = [mem._store.nodes[c].span for c in n.children]
+            assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+            assert n.span == (spans[0][0], spans[-1][1])
+    bounded = _scored_rows_per_insert(mem, 400, 20, monkeypatch)
+    unbounded = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200)
+    for i in range(400):
+        unbounded.add(_utterance(i, 1, 6))
+    grows = _scored_rows_per_insert(unbounded, 400, 20, monkeypatch)
+    assert bounded <= 2 * 16 * 3 < grows  # a node's children hold a few sentences each
+
+
+def test_max_children_none_is_the_paper_rule_and_is_saved(tmp_path):
+    a = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120)
+    b = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120, max_children=None)
+    c = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120, max_children=1000)
+    for i in range(80):
+        for m in (a, b, c):
+            m.add(_utterance(i, i // 30, 5))
+    assert _texts(a) == _texts(b) == _texts(c)
+    for bad in (1, 0, True, 2.5, "8"):
+        with pytest.raises(InvalidInputError):
+            SegTreeMem(embedder=TopicEmbedder(), max_children=bad)
+    d = SegTreeMem(embedder=TopicEmbedder(), max_children=4)
+    d.add([_utterance(i, 1, 3) for i in range(10)])
+    d.save(tmp_path / "m")
+    e = SegTreeMem.load(tmp_path / "m", embedder=TopicEmbedder())
+    assert e.max_children == 4 and _texts(e) == _texts(d)

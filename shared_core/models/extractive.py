@@ -13,7 +13,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..index import normalize_rows
+from ..index import inner_products, normalize_rows, unit_row_norm
 from ..types import InvalidInputError, UnknownPolicyError, Usage
 from .base import Embedder, validate_embeddings
 
@@ -362,20 +362,16 @@ class ExtractiveSummarizer:
         return await asyncio.to_thread(self.summarize, texts, **fields)
 
 
-#: Rows of the sentence matrix scored at once (bounds the temporary array of :func:`_scores`).
-_SCORE_CHUNK = 4096
 #: Sentences ranked first by a partial sort; the rest are sorted only when the budget is not yet full.
 _TOP = 64
 
 
 def _scores(M: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Cosine of every row of ``M`` (unit rows, float32) with ``c``: a row's score depends on that row
-    and ``c`` alone (an elementwise product summed along the row, in chunks of rows), never on the
-    other rows or their number, so a pool built incrementally and one built from scratch rank alike."""
-    out = np.empty(len(M), dtype=np.float32)
-    for a in range(0, len(M), _SCORE_CHUNK):
-        np.multiply(M[a : a + _SCORE_CHUNK], c, dtype=np.float32).sum(axis=1, out=out[a : a + _SCORE_CHUNK])
-    return out
+    """Cosine of every row of ``M`` (unit rows, float32) with ``c``, exactly rounded to float32
+    (:func:`~shared_core.index.inner_products`): a row's score depends on that row and ``c`` alone,
+    never on the other rows, their number or the CPU, so a pool built incrementally and one built from
+    scratch rank alike, on every machine."""
+    return inner_products(M, c, row_norm=unit_row_norm(M.shape[1]))
 
 
 class _Child:
@@ -402,9 +398,9 @@ class SummaryPool:
     child's mean sentence vector, and the running sum of the children's means taken child by child in
     order (as ``numpy.mean`` over the children adds them, so the centroid is the same to the bit). A
     change costs the changed child's sentences; :meth:`summary` scores every distinct sentence with one
-    vectorised product (O(sentences x dim), no Python work per sentence) and sorts only the best 64
-    unless the budget still has room after them. Vectors are fetched only when a summary goes over the
-    budget, as ``summarize`` does.
+    vectorised, exactly rounded product (O(sentences x dim), no Python work per sentence) and sorts
+    only the best 64 unless the budget still has room after them. Vectors are fetched only when a
+    summary goes over the budget, as ``summarize`` does.
 
     Args:
         summarizer: the :class:`ExtractiveSummarizer` whose budget, sentence cache and embedder it uses.
