@@ -81,7 +81,7 @@ def _utterance(i: int, topic: int, words: int) -> str:
 def _splits_per_insert(n: int, monkeypatch: pytest.MonkeyPatch) -> float:
     """Mean number of texts split into sentences per insert over the last 20 of ``n`` inserts, all into
     one segment (every utterance on one topic)."""
-    mem = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200)
+    mem = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200, max_children=None)
     for i in range(n - 20):
         mem.add(_utterance(i, 1, 6))
     calls = {"n": 0}
@@ -107,7 +107,7 @@ def test_an_insert_into_a_long_segment_splits_a_bounded_number_of_texts(monkeypa
 
 
 def test_an_insert_into_a_long_segment_fetches_vectors_of_new_sentences_only(monkeypatch):
-    mem = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200)
+    mem = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200, max_children=None)
     for i in range(300):
         mem.add(_utterance(i, 2, 6))
     asked: list[int] = []
@@ -129,9 +129,10 @@ def test_an_insert_into_a_long_segment_fetches_vectors_of_new_sentences_only(mon
     st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12)), min_size=2, max_size=60),
     st.sampled_from([40, 120, 600]),
     st.sampled_from([8, None]),
+    st.sampled_from([None, 64, 5]),
 )
-def test_incremental_annotations_equal_annotations_from_scratch(stream, chars, branching):
-    a, b = _pair(summary_chars=chars, branching=branching)
+def test_incremental_annotations_equal_annotations_from_scratch(stream, chars, branching, cap):
+    a, b = _pair(summary_chars=chars, branching=branching, max_children=cap)
     for i, (topic, words) in enumerate(stream):
         text = _utterance(i, topic, words) if words % 5 else f"topic{topic} again"  # repeats too
         a.add(text)
@@ -300,15 +301,15 @@ def test_max_children_bounds_a_segment_and_the_sentences_scored_per_insert(monke
             assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
             assert n.span == (spans[0][0], spans[-1][1])
     bounded = _scored_rows_per_insert(mem, 400, 20, monkeypatch)
-    unbounded = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200)
+    unbounded = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200, max_children=None)
     for i in range(400):
         unbounded.add(_utterance(i, 1, 6))
     grows = _scored_rows_per_insert(unbounded, 400, 20, monkeypatch)
     assert bounded <= 2 * 16 * 3 < grows  # a node's children hold a few sentences each
 
 
-def test_max_children_none_is_the_paper_rule_and_is_saved(tmp_path):
-    a = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120)
+def test_max_children_changes_nothing_below_it_and_is_saved(tmp_path):
+    a = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120)  # default 64; segments of 30 here
     b = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120, max_children=None)
     c = SegTreeMem(embedder=TopicEmbedder(), summary_chars=120, max_children=1000)
     for i in range(80):
@@ -323,3 +324,5 @@ def test_max_children_none_is_the_paper_rule_and_is_saved(tmp_path):
     d.save(tmp_path / "m")
     e = SegTreeMem.load(tmp_path / "m", embedder=TopicEmbedder())
     assert e.max_children == 4 and _texts(e) == _texts(d)
+    assert SegTreeMem(embedder=TopicEmbedder()).max_children == 64
+    assert SegTreeMem.stored_config({"branching": 8})["max_children"] is None  # older saves: no bound
