@@ -326,3 +326,28 @@ def test_max_children_changes_nothing_below_it_and_is_saved(tmp_path):
     assert e.max_children == 4 and _texts(e) == _texts(d)
     assert SegTreeMem(embedder=TopicEmbedder()).max_children == 64
     assert SegTreeMem.stored_config({"branching": 8})["max_children"] is None  # older saves: no bound
+
+
+def test_cli_conversation_summariser_option(tmp_path):
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from shared_core.eval.command import bench_command
+
+    app = typer.Typer()
+    app.command("bench")(bench_command)
+    app.command("noop")(lambda: None)
+    args = ["bench", "--conversation", "--sizes", "40", "--window", "4", "--memories", "segtree"]
+    args += ["--streams", "random", "--no-isolate"]
+    res = CliRunner().invoke(app, [*args, "--summariser", "standin", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "a" / "workloads.json").read_text())
+    assert doc["conversation"]["settings"]["summariser"] == "standin"
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "b" / "workloads.json").read_text())
+    assert doc["conversation"]["results"]["segtree"]["random"]["summariser"] == "default"
+    res = CliRunner().invoke(app, [*args, "--summariser", "free", "--out", str(tmp_path / "c")])
+    assert res.exit_code != 0
