@@ -86,6 +86,9 @@ class ExtractiveSummarizer:
     vectors (each child weighs the same); sentences are taken greedily by cosine to the centroid,
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
     returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
+    Cosines are exactly rounded (:func:`~shared_core.index.inner_products`), the same on every CPU. A
+    caller whose children change only at the right end keeps a :meth:`pool` per node instead and pays
+    for the changed child only (SegTreeMem's frontier does).
 
     Sentence vectors come from one of two places (``sentence_vectors``). ``"pooled"``: a
     memory that embeds a message with an embedder offering ``embed_spans`` (the embedded
