@@ -7,11 +7,13 @@ messages one ``embed([text])`` each with the same embedder, in the same process.
 
 Conversation (:func:`conversation_run`): no model. Stub vectors are replayed
 (:class:`~shared_core.bench.ReplayEmbedder`) and every text carries words, so the default ``"hybrid"``
-relevance (dense + BM25 over node texts) scores something. Each memory (default relevance and policy)
-grows to each size, then runs turns of ONE single-message ``add`` and ONE ``retrieve(k=10)``, beside a
-flat FAISS ``IndexFlatIP`` add + search at the same size. Streams: ``"topical"``
-(:func:`~shared_core.bench.topical_stream`) and ``"random"`` (each message resembles nothing before it).
-All times are process CPU time (``time.process_time``) in milliseconds.
+relevance (dense + BM25 over node texts) scores something. Each memory (default relevance and
+policy; its default summariser, the extractive one, or with ``summariser="standin"`` a free stand-in
+that leaves the algorithm alone in the timing) grows to each size, then runs turns of ONE
+single-message ``add`` and ONE ``retrieve(k=10)``, beside a flat FAISS ``IndexFlatIP`` add + search at
+the same size. Streams: ``"topical"`` (:func:`~shared_core.bench.topical_stream`) and ``"random"``
+(each message resembles nothing before it). All times are process CPU time (``time.process_time``)
+in milliseconds.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .types import InvalidInputError, Usage
 
 __all__ = [
     "STREAMS",
+    "SUMMARISERS",
     "WORKLOADS_SCHEMA",
     "WordySpanSummarizer",
     "conversation_memory",
@@ -58,6 +61,8 @@ __all__ = [
 
 WORKLOADS_SCHEMA = "hiermem.bench_workloads/1"
 STREAMS = ("topical", "random")
+#: ``summariser`` of the conversation workload: each memory's own default, or the free stand-ins.
+SUMMARISERS = ("default", "standin")
 K = 10
 VOCABULARY = 2_000
 WORDS_PER_MESSAGE = 8
@@ -153,15 +158,30 @@ class WordySpanSummarizer:
         return self.summarize(texts)
 
 
-def conversation_memory(kind: str, embedder: ReplayEmbedder) -> Any:
+def _check_summariser(summariser: str) -> str:
+    if summariser not in SUMMARISERS:
+        raise InvalidInputError(f"summariser must be one of {', '.join(SUMMARISERS)}, got {summariser!r}.")
+    return summariser
+
+
+def conversation_memory(kind: str, embedder: ReplayEmbedder, summariser: str = "standin") -> Any:
     """A memory of ``kind`` on stub models with its DEFAULT relevance and policy (no LLM).
 
-    SegTreeMem, HAT and xMemory summarise with :class:`WordySpanSummarizer`, MemTree with
-    :class:`~shared_core.bench.FirstTextSummarizer`. Raises InvalidInputError for an unknown kind.
+    Args:
+        kind: the memory kind. embedder: the stub embedder.
+        summariser: ``"standin"`` (default here, for callers of this helper): SegTreeMem, HAT and
+            xMemory summarise with :class:`WordySpanSummarizer`, MemTree with
+            :class:`~shared_core.bench.FirstTextSummarizer` (the algorithm's cost alone); ``"default"``:
+            the memory's own default summariser (the extractive one without an LLM) on ``embedder``.
+
+    Raises:
+        InvalidInputError: an unknown kind or summariser.
     """
     classes = _memory_classes()
     if kind not in classes:
         raise InvalidInputError(f"Unknown memory {kind!r}; available: {', '.join(classes)}.")
+    if _check_summariser(summariser) == "default":
+        return classes[kind](embedder=embedder)
     summarizer = FirstTextSummarizer() if kind == "memtree" else WordySpanSummarizer(embedder)
     return classes[kind](embedder=embedder, summarizer=summarizer)
 
@@ -214,6 +234,7 @@ def conversation_run(
     *,
     window: int = 100,
     seed: int = 0,
+    summariser: str = "default",
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """One memory on one stream: grow to each size, run ``window`` timed turns, then the flat baseline.
@@ -228,30 +249,34 @@ def conversation_run(
     Args:
         kind: the memory kind. stream: ``"topical"`` or ``"random"``. sizes: leaves when a window starts
             (>= 20, at least ``window`` apart). window: timed turns per size, default 100. seed: stream
-            seed. progress: ``progress(label, done, total)`` in messages added.
+            seed. summariser: ``"default"`` (default: the memory's own) or ``"standin"`` (free
+            stand-ins), see :func:`conversation_memory`. progress: ``progress(label, done, total)`` in
+            messages added.
 
     Returns:
-        ``{"memory", "stream", "policy", "relevance", "peak_rss_bytes", "sizes": [{"leaves",
+        ``{"memory", "stream", "summariser", "policy", "relevance", "peak_rss_bytes", "sizes": [{"leaves",
         "leaves_after", "nodes", "turns", "adds_grown_by_one", "grow_cpu_s", "insert", "mean_hits", "memory":
         {"turn", "add", "query"}, "flat": {"turn", "add", "query"}, "ratio_p50": {"turn", "add",
         "query"}}]}``; each timing is ``{"p50_ms", "p99_ms", "mean_ms"}`` of CPU ms per turn and each ratio
         is the memory's ``p50_ms`` over the flat one's.
 
     Raises:
-        InvalidInputError: bad sizes, window, kind or stream.
+        InvalidInputError: bad sizes, window, kind, stream or summariser.
     """
     import faiss
 
     sizes, window = _check_window(sizes, window)
+    _check_summariser(summariser)
     say = progress or (lambda label, done, total: None)
     label, total = f"conversation {kind} {stream}", sizes[-1] + window
     limiter = pin_threads()
     try:
         texts, table = conversation_stream(stream, total, seed)
         emb = ReplayEmbedder(table)
-        mem = conversation_memory(kind, emb)
+        mem = conversation_memory(kind, emb, summariser)
         rng = np.random.default_rng(seed + 1)
-        out: dict[str, Any] = {"memory": kind, "stream": stream, "policy": mem.default_policy}
+        out: dict[str, Any] = {"memory": kind, "stream": stream, "summariser": summariser}
+        out["policy"] = mem.default_policy
         out.update(relevance=mem.relevance_kind, sizes=[])
         n = 0
         for S in sizes:
@@ -331,8 +356,10 @@ def _conversation_plan(
     window: int,
     seed: int,
     size_caps: dict[str, int] | None,
+    summariser: str = "default",
 ) -> dict[str, Any]:
     """The checked settings of a conversation run and its empty results."""
+    _check_summariser(summariser)
     sizes, window = _check_window(sizes, window)
     kinds = _kinds(memories)
     streams = [str(s).strip().lower() for s in streams]
@@ -345,7 +372,13 @@ def _conversation_plan(
     settings.update(seed=seed, size_caps=caps, growth_chunk=GROWTH_CHUNK)
     settings["text"] = f"'message <i> ' + {WORDS_PER_MESSAGE} words, {VOCABULARY}-word vocabulary, Zipf"
     settings["query"] = f"stored message's vector + {QUERY_NOISE} x unit noise; 4 of its words + 2 others"
-    settings["summaries"] = "WordySpanSummarizer (segtree, hat, xmemory), FirstTextSummarizer (memtree)"
+    settings["summariser"] = summariser
+    settings["summaries"] = (
+        "each memory's default (extractive, no LLM)"
+        if summariser == "default"
+        else "stand-ins, algorithm only: WordySpanSummarizer (segtree, hat, xmemory), "
+        "FirstTextSummarizer (memtree)"
+    )
     return {"settings": settings, "not_run": [], "results": {}}
 
 
@@ -512,6 +545,7 @@ def run_workloads(
     window: int = 100,
     seed: int = 0,
     size_caps: dict[str, int] | None = None,
+    summariser: str = "default",
     turns: int = 200,
     locomo: str | Path | None = None,
     modes: Sequence[str] = ("default",),
@@ -528,7 +562,8 @@ def run_workloads(
 
     Args:
         conversation, ingest: the workloads to run (at least one). sizes, memories, streams, window, seed,
-            size_caps: of the conversation (``window`` = timed turns per size, default 100). turns,
+            size_caps, summariser: of the conversation (``window`` = timed turns per size, default 100;
+            ``summariser`` ``"default"`` or ``"standin"``, see :func:`conversation_memory`). turns,
             locomo, modes: of the ingest (see :func:`ingest_workload`). memories also selects the ingest's.
         isolate: fresh processes, default ``True``. out: directory for ``workloads.json`` and
             ``workloads.md``. progress: ``progress(label, done, total)``.
@@ -543,7 +578,11 @@ def run_workloads(
     """
     if not (conversation or ingest):
         raise InvalidInputError("Choose at least one workload: conversation and/or ingest.")
-    conv = _conversation_plan(sizes, memories, streams, window, seed, size_caps) if conversation else None
+    conv = (
+        _conversation_plan(sizes, memories, streams, window, seed, size_caps, summariser)
+        if conversation
+        else None
+    )
     if ingest:
         _check_ingest(memories, turns, modes)
     t0 = time.perf_counter()
@@ -556,7 +595,7 @@ def run_workloads(
             left_out = [s for s in st["sizes"] if s not in run_sizes]
             conv["not_run"] += [{"memory": kind, "leaves": s, "reason": "size cap"} for s in left_out]
             for stream in st["streams"] if run_sizes else ():
-                kw = {"window": st["window"], "seed": seed}
+                kw = {"window": st["window"], "seed": seed, "summariser": summariser}
                 r = _call(conversation_run, isolate, progress, kind, stream, run_sizes, **kw)
                 conv["results"].setdefault(kind, {})[stream] = r
                 if out is not None:  # partial results survive an interrupted run
@@ -645,7 +684,8 @@ def render_workloads_markdown(doc: dict[str, Any]) -> str:
             "Each turn: one `add` of one message and one `retrieve` with the memory's default policy and "
             "relevance, on stub models (replayed vectors, texts with words). Flat: FAISS `IndexFlatIP` add + "
             "search at the same size. Ratios are p50 memory / p50 flat. Insert: the last messages before "
-            "each size, one `add` each back to back (no query between).",
+            "each size, one `add` each back to back (no query between). Summaries: "
+            f"{st.get('summaries', 'stand-ins')}.",
             "",
             *_md_table(CONVERSATION_HEADER, conversation_rows(doc), 2),
         ]

@@ -14,6 +14,7 @@ import numpy as np
 from .base import ADMISSIBLE, HierarchicalMemory, check_choice
 from .index import inner_products
 from .models.base import LLM, Embedder, Summarizer
+from .models.extractive import ExtractiveSummarizer, SummaryPool
 from .models.parsing import complete_parsed, parse_label
 from .prompts import fence
 from .prompts import segtree as P
@@ -89,6 +90,18 @@ class SegTreeMem(HierarchicalMemory):
             it. On the dev data every ``B`` from 2 to 32 keeps the height at 3-7 and evidence recall@10
             within 0.01 of ``B = 8`` (LoCoMo ``top_down`` 0.644-0.647, RealMem Kenta_Tanaka 0.572-0.576);
             8 sits inside the mean branching of the paper's trees (Table 5: 3.8-9.2).
+        max_children: the most children a node may have, an int >= 2, default 64, or ``None`` (no bound:
+            the paper's rule, and the value of saves made before this option). An utterance the
+            compatibility model attaches to a node that has ``max_children`` children goes one level up
+            instead (the lowest frontier node from there with room, else a new root), over its own
+            chain, so it starts a new segment right after the full one, which the following compatible
+            utterances join: a long run of compatible utterances becomes consecutive segments of at most
+            ``max_children``. A departure from Algorithm 1, which bounds neither a segment's length nor
+            the work of re-annotating it on every insert; with the bound an insert costs the same at
+            any length of conversation. Applies to every compatibility model. On the LoCoMo dev
+            conversations (segments of up to 86 children without it) ``top_down`` evidence recall@10 is
+            0.647 without a bound, 0.649 at 32 and 0.651 at 64 (see ``docs/evaluation.md``, "SegTreeMem
+            insert cost in a long segment").
         alpha: propagation decay ``α`` in ``[0, 1)``, default 0.1 (the paper's). On LoCoMo dev every
             ``α`` from 0.05 to 0.3 is within three queries of the others (``top_down`` 0.639-0.652); on
             RealMem, where evidence is a session, a larger ``α`` gathers the top hits into fewer
@@ -118,7 +131,8 @@ class SegTreeMem(HierarchicalMemory):
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
     Raises:
-        InvalidInputError: a parameter out of range (e.g. ``branching`` not ``None`` or an int >= 2).
+        InvalidInputError: a parameter out of range (e.g. ``branching`` or ``max_children`` not ``None``
+            or an int >= 2).
         UnknownPolicyError: an unknown ``compat``, ``relevance`` or ``admissible``.
         LLMRequiredError: an LLM compatibility model without ``llm``.
 
@@ -133,9 +147,10 @@ class SegTreeMem(HierarchicalMemory):
     default_policy = "top_down"
     contiguous_spans = True
     prefetch_messages = True
-    #: saves made before ``branching`` existed put every dissimilar utterance under a new root
+    #: saves made before ``branching`` existed put every dissimilar utterance under a new root, and those
+    #: made before ``max_children`` existed bound no segment
     default_annotation_vectors: ClassVar[str] = "embedded"
-    legacy_config: ClassVar[dict[str, Any]] = {"branching": None}
+    legacy_config: ClassVar[dict[str, Any]] = {"branching": None, "max_children": None}
 
     def __init__(
         self,
@@ -145,6 +160,7 @@ class SegTreeMem(HierarchicalMemory):
         compat: str = "cosine",
         threshold: float = 0.25,
         branching: int | None = 8,
+        max_children: int | None = 64,
         alpha: float = 0.1,
         horizon: int = 2,
         k: int = 10,
@@ -165,6 +181,11 @@ class SegTreeMem(HierarchicalMemory):
         self.compat = compat
         self.threshold = check_finite(threshold, "threshold")
         self.branching = check_branching(branching, "the paper's new root for every dissimilar utterance")
+        if max_children is not None and (
+            isinstance(max_children, bool) or not hasattr(max_children, "__index__") or int(max_children) < 2
+        ):
+            raise InvalidInputError(f"max_children must be an int >= 2 or None, got {max_children!r}.")
+        self.max_children = None if max_children is None else int(max_children)
         self.alpha = self._check_alpha(alpha)
         self.horizon = self._check_horizon(horizon)
         if isinstance(k, bool) or int(k) < 1:
@@ -178,6 +199,7 @@ class SegTreeMem(HierarchicalMemory):
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
         self._decisions: dict[str, int] = {}
+        self._pools: dict[int, SummaryPool] = {}  # frontier nodes' annotation state (see _annotate)
         super().__init__(
             embedder,
             llm,
@@ -215,6 +237,7 @@ class SegTreeMem(HierarchicalMemory):
             "compat": self.compat,
             "threshold": self.threshold,
             "branching": self.branching,
+            "max_children": self.max_children,
             "alpha": self.alpha,
             "horizon": self.horizon,
             "k": self.k,
@@ -230,6 +253,7 @@ class SegTreeMem(HierarchicalMemory):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         self._decisions = dict(state.get("decisions", {}))
+        self._pools = {}  # a rollback, a load or another process's commits: the tree changed under them
 
     # ------------------------------------------------------------------ construction (Algorithm 1)
     def frontier(self) -> list[int]:
@@ -271,6 +295,10 @@ class SegTreeMem(HierarchicalMemory):
         if ell is None and self.compat == "cosine" and self.branching is not None:
             ell = self._segment_level(F)  # a new segment rather than a new root, while there is room
             kind = "segment"
+        if ell is not None and self.max_children is not None:
+            up = self._room_from(F, ell)  # a full segment is continued by a new one after it
+            if up != ell:
+                ell, kind = up, "split"
         if ell is not None:  # lines 9-12; the chain of ell - 2 copies above the leaf is implicit
             target = self._stored_at(F[ell - 1], ell)
             st.add_child(target, leaf.id)
@@ -288,6 +316,8 @@ class SegTreeMem(HierarchicalMemory):
         for u in update:  # lines 19-22, bottom-up (copies follow the node they copy)
             st.refresh_span(u, ordered=True)
             self._annotate(u, usage)
+        # only frontier nodes change; the others' pools would only hold memory
+        self._pools = {u: self._pools[u] for u in update if u in self._pools}
         self._decisions[decision] = self._decisions.get(decision, 0) + 1
         return {"attach_level": ell, "decision": decision, "frontier_size": m}
 
@@ -319,6 +349,27 @@ class SegTreeMem(HierarchicalMemory):
                 return level
         return None
 
+    def _room_from(self, F: list[int], ell: int) -> int | None:
+        """The lowest level from ``ell`` up whose frontier node has fewer than ``max_children`` children,
+        or ``None`` (NONE) when every one of them is full.
+
+        Attaching one level above a full segment gives the utterance its own chain, so its copy at the
+        full segment's level starts the segment's continuation, next to it and contiguous with it, which
+        the following compatible utterances join. A departure from Algorithm 1 (line 9 attaches at
+        ``ℓ*`` whatever its size), so that no node has more than ``max_children`` children.
+
+        References:
+            Appendix A, Algorithm 1, lines 8-17.
+        """
+        st = self._store
+        assert self.max_children is not None
+        for level in range(ell, len(F) + 1):
+            node = st.nodes[F[level - 1]]
+            fanout = len(node.children) if node.level == level else 1
+            if fanout < self.max_children:
+                return level
+        return None
+
     def _stored_at(self, nid: int, level: int) -> int:
         """The stored node for frontier level ``level``, held by ``nid`` or by a copy of it.
 
@@ -340,17 +391,68 @@ class SegTreeMem(HierarchicalMemory):
         return copy.id
 
     def _annotate(self, nid: int, usage: Usage) -> None:
+        """Annotate ``nid`` from its children (Algorithm 1, line 21): ``A(v) = S(children)``.
+
+        With the extractive summariser the node keeps a :class:`~shared_core.models.extractive.SummaryPool`
+        while it is on the frontier: an insertion appends a child or changes the last one (the only
+        children that change), so the annotation costs the changed child's sentences and one vectorised
+        scoring instead of splitting and ranking every sentence of every child. The annotation is the
+        one ``summarize`` makes from all the children. A pool that does not match the node's children
+        (after a deletion, a rollback, a load, another process's commits) is rebuilt from them.
+        """
         st = self._store
         children = st.nodes[nid].children
         if len(children) == 1:
             st.set_text(nid, st.nodes[children[0]].text)
             return
-        text, u = self.summarizer.summarize(ChildTexts(st, nid), max_words=self.annotation_words)
+        if not self._pooled():
+            text, u = self.summarizer.summarize(ChildTexts(st, nid), max_words=self.annotation_words)
+        else:
+            text, u = self._pool(nid, children).summary()
         usage += u
         st.set_text(nid, text)
 
+    def _pooled(self) -> bool:
+        """Whether annotations are kept incrementally: the summariser is an ``ExtractiveSummarizer`` whose
+        ``summarize`` is the class's own (not overridden, nor replaced on the instance)."""
+        fn = getattr(getattr(self.summarizer, "summarize", None), "__func__", None)
+        return isinstance(self.summarizer, ExtractiveSummarizer) and fn is ExtractiveSummarizer.summarize
+
+    def _pool(self, nid: int, children: list[int]) -> SummaryPool:
+        """The pool of ``nid`` brought up to date with ``children``: the last child replaced when its id or
+        text changed and a new child appended; any other difference rebuilds it from the children."""
+        nodes = self._store.nodes
+        pool = self._pools.get(nid)
+        k = len(pool) if pool is not None else 0
+        ok = pool is not None and k >= 1 and len(children) in (k, k + 1)
+        if ok and k >= 2:
+            before = pool.children[k - 2]  # type: ignore[union-attr]
+            ok = before.key == children[k - 2] and before.text == nodes[children[k - 2]].text
+        if not ok or pool is None:
+            pool = self.summarizer.pool()  # type: ignore[attr-defined]
+            for c in children:
+                pool.append(nodes[c].text, c)
+            self._pools[nid] = pool
+            return pool
+        last = pool.children[-1]
+        if last.key != children[k - 1] or last.text != nodes[children[k - 1]].text:
+            pool.pop()
+            pool.append(nodes[children[k - 1]].text, children[k - 1])
+        if len(children) == k + 1:
+            pool.append(nodes[children[k]].text, children[k])
+        return pool
+
     def _reannotate(self, nid: int, usage: Usage) -> None:
+        self._pools = {}  # a deletion changes children anywhere: rebuild pools when next needed
         self._annotate(nid, usage)
+
+    def _forget_texts(self, texts: Any, changed: set[int], gone: set[int]) -> None:
+        self._pools = {}  # no deleted sentence stays in a pool
+        super()._forget_texts(texts, changed, gone)
+
+    def _forget_all(self, old: Any) -> None:
+        self._pools = {}
+        super()._forget_all(old)
 
     def _compatibility(self, text: str, leaf_id: int, cands: list[int], usage: Usage) -> int | None:
         """The compatibility model C: ``ℓ*`` in ``2..m`` (``cands[i]`` is level ``i + 2``) or ``None``.

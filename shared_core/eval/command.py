@@ -323,6 +323,12 @@ def bench_command(
     streams: str = typer.Option(
         "topical,random", "--streams", help="With --conversation: comma-separated streams (topical, random)."
     ),
+    summariser: str = typer.Option(
+        "default",
+        "--summariser",
+        help="With --conversation: 'default' (each memory's own summariser, the extractive one without an "
+        "LLM) or 'standin' (free stand-in summaries: the algorithm's cost alone).",
+    ),
     ingest: bool = typer.Option(
         False,
         "--ingest",
@@ -378,6 +384,7 @@ def bench_command(
             sizes=size_list,
             memories=mems,
             streams=[x.strip() for x in streams.split(",") if x.strip()],
+            summariser=summariser.strip().lower(),
             window=100 if window is None else window,
             seed=seed,
             size_caps=caps,

@@ -13,11 +13,17 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..index import normalize_rows
+from ..index import inner_products, normalize_rows, unit_row_norm
 from ..types import InvalidInputError, UnknownPolicyError, Usage
 from .base import Embedder, validate_embeddings
 
-__all__ = ["SENTENCE_VECTORS", "ExtractiveSummarizer", "sentence_spans", "split_sentences"]
+__all__ = [
+    "SENTENCE_VECTORS",
+    "ExtractiveSummarizer",
+    "SummaryPool",
+    "sentence_spans",
+    "split_sentences",
+]
 
 _SENT_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 
@@ -80,6 +86,9 @@ class ExtractiveSummarizer:
     vectors (each child weighs the same); sentences are taken greedily by cosine to the centroid,
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
     returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
+    Cosines are exactly rounded (:func:`~shared_core.index.inner_products`), the same on every CPU. A
+    caller whose children change only at the right end keeps a :meth:`pool` per node instead and pays
+    for the changed child only (SegTreeMem's frontier does).
 
     Sentence vectors come from one of two places (``sentence_vectors``). ``"pooled"``: a
     memory that embeds a message with an embedder offering ``embed_spans`` (the embedded
@@ -331,28 +340,16 @@ class ExtractiveSummarizer:
         Raises:
             InvalidInputError: no non-empty text.
         """
-        children = [split_sentences(t) for t in texts if t and t.strip()]
-        children = [c for c in children if c]
-        if not children:
-            raise InvalidInputError("Nothing to summarise: all child texts are empty.")
-        flat = [s for c in children for s in c]
-        if len(flat) == 1 or sum(len(s) + 1 for s in dict.fromkeys(flat)) - 1 <= self.max_chars:
-            return self._fit(list(dict.fromkeys(flat))), Usage()
-        vec, usage = self._vectors(flat)
-        centroid = np.mean([np.mean([vec[s] for s in c], axis=0) for c in children], axis=0)
-        order = {s: i for i, s in reversed(list(enumerate(flat)))}  # first position of each sentence
-        ranked = sorted(order, key=lambda s: (-float(vec[s] @ centroid), order[s]))
-        chosen: list[str] = []
-        used = 0
-        for s in ranked:
-            cost = len(s) + (1 if chosen else 0)
-            if used + cost <= self.max_chars:
-                chosen.append(s)
-                used += cost
-        if not chosen:
-            return self._fit([ranked[0]]), usage
-        chosen.sort(key=lambda s: order[s])
-        return " ".join(chosen), usage
+        pool = self.pool()
+        for t in texts:
+            pool.append(t)
+        return pool.summary()
+
+    def pool(self) -> SummaryPool:
+        """An empty :class:`SummaryPool`: this summariser's state for one node whose children change at
+        the right end (appended, or the last one replaced), so that re-summarising costs the sentences
+        that changed instead of every sentence of every child."""
+        return SummaryPool(self)
 
     def _fit(self, sentences: list[str]) -> str:
         text = " ".join(sentences)
@@ -366,3 +363,213 @@ class ExtractiveSummarizer:
     async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]:
         """Async :meth:`summarize` (in a worker thread)."""
         return await asyncio.to_thread(self.summarize, texts, **fields)
+
+
+#: Sentences ranked first by a partial sort; the rest are sorted only when the budget is not yet full.
+_TOP = 64
+
+
+def _scores(M: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Cosine of every row of ``M`` (unit rows, float32) with ``c``, exactly rounded to float32
+    (:func:`~shared_core.index.inner_products`): a row's score depends on that row and ``c`` alone,
+    never on the other rows, their number or the CPU, so a pool built incrementally and one built from
+    scratch rank alike, on every machine."""
+    return inner_products(M, c, row_norm=unit_row_norm(M.shape[1]))
+
+
+class _Child:
+    """One child of a :class:`SummaryPool`: its key and text, its sentences, their mean vector once
+    known, and the pool's counters before it (so that it can be taken out again)."""
+
+    __slots__ = ("key", "mark", "mean", "sentences", "text")
+
+    def __init__(self, key: object, text: str, sentences: list[str], mark: tuple[int, int, int]) -> None:
+        self.key = key
+        self.text = text
+        self.sentences = sentences
+        self.mean: np.ndarray | None = None
+        self.mark = mark  # (distinct sentences, their characters + 1 each, sentence occurrences) before it
+
+
+class SummaryPool:
+    """The state of :meth:`ExtractiveSummarizer.summarize` for one node, kept as its children change.
+
+    Children are appended, or the last one is taken out (:meth:`pop`) and another appended in its
+    place; :meth:`summary` then equals ``summarizer.summarize(texts)`` over the same texts, whatever
+    the appends and pops that led there (``summarize`` itself fills a new pool). Kept: the distinct
+    sentences in order of first occurrence with their unit vectors as rows of one matrix, each
+    child's mean sentence vector, and the running sum of the children's means taken child by child in
+    order (as ``numpy.mean`` over the children adds them, so the centroid is the same to the bit). A
+    change costs the changed child's sentences; :meth:`summary` scores every distinct sentence with one
+    vectorised, exactly rounded product (O(sentences x dim), no Python work per sentence) and sorts
+    only the best 64 unless the budget still has room after them. Vectors are fetched only when a
+    summary goes over the budget, as ``summarize`` does.
+
+    Args:
+        summarizer: the :class:`ExtractiveSummarizer` whose budget, sentence cache and embedder it uses.
+
+    References:
+        As :class:`ExtractiveSummarizer`; used by SegTreeMem's annotation update (Algorithm 1, lines
+        19-22), where only the rightmost children of frontier nodes change.
+    """
+
+    def __init__(self, summarizer: ExtractiveSummarizer) -> None:
+        self.summarizer = summarizer
+        self.children: list[_Child] = []
+        self._full: list[_Child] = []  # the children with sentences, in order
+        self._index: dict[str, int] = {}  # distinct sentence -> row, in order of first occurrence
+        self._sentences: list[str] = []
+        self._lens = np.zeros(0, dtype=np.int64)
+        self._M: np.ndarray | None = None  # rows of the distinct sentences' unit vectors
+        self._rows = 0  # rows of _M filled: a prefix of _sentences
+        self._chars = 0  # sum of len(s) + 1 over the distinct sentences
+        self._flat = 0  # sentence occurrences
+        self._acc: np.ndarray | None = None  # sum of the means of _full[:_k], added in order
+        self._k = 0
+        self._meaned = 0  # _full[:_meaned] have their mean vector
+
+    def __len__(self) -> int:
+        return len(self.children)
+
+    @property
+    def texts(self) -> list[str]:
+        """The children's texts, in order."""
+        return [c.text for c in self.children]
+
+    @property
+    def keys(self) -> list[object]:
+        """The children's keys (as given to :meth:`append`), in order."""
+        return [c.key for c in self.children]
+
+    def append(self, text: str, key: object = None) -> None:
+        """Add a child text at the right end, with an optional ``key`` for the caller (e.g. a node id).
+        An empty or blank text is a child without sentences, which ``summarize`` skips."""
+        sents = split_sentences(text) if isinstance(text, str) and text.strip() else []
+        child = _Child(key, text, sents, (len(self._sentences), self._chars, self._flat))
+        self.children.append(child)
+        if not sents:
+            return
+        for s in sents:
+            if s not in self._index:
+                self._index[s] = len(self._sentences)
+                self._sentences.append(s)
+                self._chars += len(s) + 1
+        self._flat += len(sents)
+        self._full.append(child)
+
+    def pop(self) -> str:
+        """Take out the last child; returns its text.
+
+        Raises:
+            InvalidInputError: the pool is empty.
+        """
+        if not self.children:
+            raise InvalidInputError("pop from an empty summary pool.")
+        child = self.children.pop()
+        if not child.sentences:
+            return child.text
+        self._full.pop()
+        n_distinct, self._chars, self._flat = child.mark
+        for s in self._sentences[n_distinct:]:
+            del self._index[s]
+        del self._sentences[n_distinct:]
+        self._rows = min(self._rows, n_distinct)
+        if self._k > len(self._full):  # its mean is in the running sum, which cannot be undone
+            self._acc, self._k = None, 0
+        self._meaned = min(self._meaned, len(self._full))
+        return child.text
+
+    def _need_vectors(self, usage: Usage) -> None:
+        """Give every child its mean vector and every distinct sentence its row (one embedding call for
+        the sentences missing from the sentence cache)."""
+        todo = [c for c in self._full[self._meaned :] if c.mean is None]
+        if not todo and self._rows == len(self._sentences):
+            self._meaned = len(self._full)
+            return
+        need = [s for c in todo for s in c.sentences] + self._sentences[self._rows :]
+        vec, u = self.summarizer._vectors(need)
+        usage += u
+        for c in todo:
+            c.mean = np.mean([vec[s] for s in c.sentences], axis=0)
+        self._meaned = len(self._full)
+        n = len(self._sentences)
+        if self._rows < n:
+            new = np.stack([vec[s] for s in self._sentences[self._rows : n]])
+            if self._M is None or len(self._M) < n:
+                grown = np.empty(
+                    (max(n, 2 * (0 if self._M is None else len(self._M))), new.shape[1]), np.float32
+                )
+                if self._M is not None:
+                    grown[: self._rows] = self._M[: self._rows]
+                self._M = grown
+            self._M[self._rows : n] = new
+            lens = np.fromiter((len(s) for s in self._sentences[self._rows : n]), np.int64, n - self._rows)
+            self._lens = np.concatenate([self._lens[: self._rows], lens])
+            self._rows = n
+
+    def _centroid(self) -> np.ndarray:
+        """The mean of the children's means; the running sum keeps all of them but the last."""
+        while self._k < len(self._full) - 1:
+            m = self._full[self._k].mean
+            assert m is not None
+            self._acc = m.copy() if self._acc is None else self._acc + m
+            self._k += 1
+        total = self._acc
+        if self._k < len(self._full):
+            last = self._full[-1].mean
+            assert last is not None
+            total = last.copy() if total is None else total + last
+        assert total is not None
+        return total / len(self._full)
+
+    def summary(self) -> tuple[str, Usage]:
+        """The summary of the current children (``ExtractiveSummarizer.summarize`` of :attr:`texts`).
+
+        Returns:
+            ``(summary, usage)``: usage counts the embedding call for sentences not cached, if any.
+
+        Raises:
+            InvalidInputError: no child has a sentence.
+        """
+        if not self._full:
+            raise InvalidInputError("Nothing to summarise: all child texts are empty.")
+        sm = self.summarizer
+        if self._flat == 1 or self._chars - 1 <= sm.max_chars:
+            return sm._fit(list(self._sentences)), Usage()
+        usage = Usage()
+        self._need_vectors(usage)
+        assert self._M is not None
+        n = len(self._sentences)
+        neg = -_scores(self._M[:n], self._centroid())
+        lens = self._lens[:n]
+        shortest = int(lens.min())
+        chosen: list[int] = []
+        used = 0
+
+        def take(ranked: np.ndarray, start: int) -> bool:
+            """Greedy over ``ranked[start:]``; False once nothing more can fit."""
+            nonlocal used
+            for i in ranked[start:].tolist():
+                cost = int(lens[i]) + (1 if chosen else 0)
+                if used + cost <= sm.max_chars:
+                    chosen.append(i)
+                    used += cost
+                    if used + 1 + shortest > sm.max_chars:
+                        return False
+            return True
+
+        if n > _TOP:
+            kth = np.partition(neg, _TOP - 1)[_TOP - 1]
+            cand = np.flatnonzero(neg <= kth)  # the best _TOP and every tie with the last of them
+            top = cand[np.argsort(neg[cand], kind="stable")]
+            first = int(top[0])
+            if take(top, 0):  # room left: on down the full order (which starts with ``top``)
+                take(np.argsort(neg, kind="stable"), len(top))
+        else:
+            full = np.argsort(neg, kind="stable")
+            first = int(full[0])
+            take(full, 0)
+        if not chosen:
+            return sm._fit([self._sentences[first]]), usage
+        chosen.sort()
+        return " ".join(self._sentences[i] for i in chosen), usage
