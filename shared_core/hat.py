@@ -141,36 +141,11 @@ class HAT(MemoryAgent, HierarchicalMemory):
     horizon=..., beam=..., patience=..., greedy_hits=..., fill=..., max_steps=...)`` overrides the
     memory's settings for one call.
 
-    **Departures from the paper (and from this module's first version), with their measured reasons.**
-    Measured with ``hiermem eval`` on the embedded defaults (MiniLM, no LLM, extractive summaries), k = 10,
-    evidence recall@10 from leaf hits, on LoCoMo dev (conv-26 and conv-30, 231 questions; flat
-    baselines over the same messages: dense 0.459, stemmed BM25 0.578, RRF 0.561, max-normalised
-    fusion 0.625) and RealMem Kenta_Tanaka (153 online questions, session-level evidence; fusion
-    0.563, the strongest flat baseline):
-
-    * The default LLM-free policy is ``top_down`` over ``hybrid`` relevance returning message leaves.
-      The first version's default, ``greedy`` by cosine returning its peaks, reached 0.225 (LoCoMo) and
-      0.372 (RealMem): its peaks are mostly summaries, which count for no evidence id, and its beam
-      routes through extractive summaries that quote fewer of their turns the higher they sit (on
-      LoCoMo a summary of 4 turns quotes 96% of them, of 16 turns 59-72%, of 256 turns 26-32%).
-      ``top_down`` over hybrid relevance reaches 0.656 (LoCoMo) and 0.583 (RealMem); over dense
-      0.470 / 0.495, over BM25 0.608 / 0.494. The tree's own share, against ``collapsed`` with the
-      same relevance (leaves ranked by their own hybrid relevance): 0.647 / 0.568, so +0.009 / +0.015.
-      Answer-token recall at a 400-token budget: 0.445 against fusion's 0.430 on LoCoMo, but 0.371
-      against 0.373 on RealMem, whose long assistant turns leave room for about six hits: no gain there.
-    * ``alpha = 0.1``, ``horizon = 2``: the SegTreeMem paper's defaults for its Algorithm 2, not tuned
-      here (MemTree uses them too). ``alpha = 0.3`` gives 0.677 on LoCoMo but 0.555 on RealMem, below
-      fusion; on RealMem ``alpha`` 0.05 / 0.1 / 0.2 give 0.573 / 0.583 / 0.554, so the margin there is
-      a few questions' worth.
-    * ``greedy`` returns leaves and sizes its beam from the call's ``k`` (the first version used the
-      constructor's ``k`` whatever the call asked). A beam only prunes what ranking every leaf would
-      see: ``beam`` = k, 2k, 4k, 8k reach 0.469, 0.583, 0.610, 0.616 on LoCoMo and 0.388, 0.509, 0.543,
-      0.570 on RealMem, all below ``top_down``; ``4 * k`` is kept as ``greedy``'s default.
-    * ``fill``: the paper's traversals return one node (or none); the hit budget ``k`` is filled from
-      ``top_down``, so a caller asking for ``k`` documents gets ``k`` (LangChain's retriever contract).
-    * ``bfs`` / ``dfs`` have no step budget by default (``search_steps=None``), as in the paper (Sec.
-      4.3: ask at every step, stop at the first yes); the first version capped them at the agent's
-      ``max_steps`` (10 nodes), so on a tree of a few hundred nodes they gave up long before the leaves.
+    **Departures from the paper.** The default LLM-free policy is ``top_down`` over ``hybrid`` relevance
+    returning message leaves (the first version's ``greedy`` peaks by cosine were mostly summaries);
+    ``greedy`` returns leaves with a beam of ``4 * k`` of the call; ``fill`` tops every policy up to ``k``
+    hits; ``bfs`` / ``dfs`` have no step budget, as in the paper. Their measurements are in
+    docs/evaluation.md, "HAT: departures from the paper, measured".
 
     The paper's algorithms stay exact under options: ``HAT(relevance="dense", admissible="all",
     greedy_hits="peaks", fill=False, policy="greedy")`` retrieves as the first version did (``greedy``
@@ -204,10 +179,8 @@ class HAT(MemoryAgent, HierarchicalMemory):
         relevance: ``"hybrid"`` (default), ``"dense"`` (the cosine of the first version) or ``"bm25"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
-            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"``: the same
-            evidence recall@10 on LoCoMo dev as the paper's ``"embedded"`` (0.656 for both) for 3.8
-            instead of 4.3 texts embedded per message (2.3x instead of 7.0x the CPU of embedding the
-            message alone, one add per message).
+            :class:`~shared_core.base.HierarchicalMemory`); default ``None`` = ``"composed"`` (see
+            docs/evaluation.md, "HAT: departures from the paper, measured").
         alpha: ``top_down`` propagation decay in ``[0, 1)``, default 0.1 (the SegTreeMem paper's
             default for Algorithm 2).
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (the SegTreeMem paper's default).
