@@ -287,10 +287,7 @@ class _MemoryStoreBackend(MemoryBackend):
         mem = self.store.get(ns)
         if mem is None:
             return set()
-        with mem._lock:
-            len(mem)  # catches up with a store shared with other processes
-            known = mem._store.by_source
-            return {i for i in ids if i in known}
+        return mem.stored_sources(ids)
 
     def add(self, ns: tuple[str, ...], messages: Sequence[Message]) -> None:
         self.store.add(ns, list(messages))

@@ -681,6 +681,24 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             self._sync_store()
             return self._store.n_leaves
 
+    def stored_sources(self, ids: Iterable[str]) -> set[str]:
+        """Which of the caller's source ids (``Message.id``) the memory holds a message of, after catching
+        up with a shared store (see :meth:`refresh`).
+
+        Args:
+            ids: source ids to look up.
+
+        Returns:
+            The subset of ``ids`` stored (an empty set when none is).
+
+        Raises:
+            PersistenceError: a shared store cannot be read (the memory is unchanged).
+        """
+        with self._lock:
+            self._sync_store()
+            known = self._store.by_source
+            return {i for i in ids if i in known}
+
     @property
     def usage(self) -> Usage:
         """Cumulative model usage of construction (adds and deletes)."""
