@@ -442,6 +442,23 @@ def memory_backend(
 
 
 # ====================================================================== the middleware
+def check_recall_options(user_key: Any, k: Any, max_tokens: Any) -> None:
+    """Check the options the middleware and the memory tools share.
+
+    Raises:
+        InvalidInputError: ``user_key`` not a non-empty string, ``k`` not a positive integer, or
+            ``max_tokens`` neither ``None`` nor a positive integer.
+    """
+    if not isinstance(user_key, str) or not user_key:
+        raise InvalidInputError(f"user_key must be a non-empty string, got {user_key!r}.")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise InvalidInputError(f"max_tokens must be a positive integer or None, got {max_tokens!r}.")
+
+
 class HierMemState(AgentState[Any]):
     """Agent state of :class:`HierMemMiddleware`: the ids of the thread's messages already looked at
     (remembered, or skipped by role), so each turn is remembered once. Private: not part of the agent's
@@ -542,14 +559,7 @@ class HierMemMiddleware(AgentMiddleware):
         search_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(user_key, str) or not user_key:
-            raise InvalidInputError(f"user_key must be a non-empty string, got {user_key!r}.")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise InvalidInputError(f"max_tokens must be a positive integer or None, got {max_tokens!r}.")
+        check_recall_options(user_key, k, max_tokens)
         if isinstance(remember, str):
             remember = (remember,)
         unknown = sorted(set(remember) - set(ROLES))

@@ -24,6 +24,7 @@ from .middleware import (
     MemoryBackend,
     _now,
     _thread_id,
+    check_recall_options,
     memory_backend,
     new_note_id,
     recall_block,
@@ -97,14 +98,7 @@ def create_memory_tools(
             policy=policy,
             search_kwargs=search_kwargs,
         )
-    if not isinstance(user_key, str) or not user_key:
-        raise InvalidInputError(f"user_key must be a non-empty string, got {user_key!r}.")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
-        raise InvalidInputError(f"max_tokens must be a positive integer or None, got {max_tokens!r}.")
+    check_recall_options(user_key, k, max_tokens)
 
     def namespace(runtime: ToolRuntime) -> tuple[str, ...]:
         return backend.namespace(resolve_user(user_key, runtime.context, runtime.config))
