@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared_core.bench import HashSummarizer as StubSummarizer  # noqa: E402
-from shared_core.bench import PoolEmbedder  # noqa: E402
-from shared_core.hat import HAT  # noqa: E402
+from shared_core.bench.core import HashSummarizer as StubSummarizer  # noqa: E402
+from shared_core.bench.core import PoolEmbedder  # noqa: E402
+from shared_core.memories.hat import HAT  # noqa: E402
 
 
 def run(sizes: list[int], M: int, window: int, dim: int) -> dict:

@@ -45,8 +45,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
-from shared_core.bench import FirstTextSummarizer, ReplayEmbedder, clustered_stream  # noqa: E402
-from shared_core.memtree import MemTree  # noqa: E402
+from shared_core.bench.core import FirstTextSummarizer, ReplayEmbedder, clustered_stream  # noqa: E402
+from shared_core.memories.memtree import MemTree  # noqa: E402
 from shared_core.types import Completion, Usage  # noqa: E402
 
 DIM = 384

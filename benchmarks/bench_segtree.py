@@ -30,7 +30,7 @@ import faiss
 import numpy as np
 
 from shared_core import SegTreeMem
-from shared_core.bench import (
+from shared_core.bench.core import (
     ReplayEmbedder,
     SpanEndsSummarizer,
     machine_description,

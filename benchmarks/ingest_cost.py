@@ -1,6 +1,6 @@
 """Ingest cost on the embedded defaults: CPU per message as a multiple of embedding the message alone.
 
-The measurement of ``hiermem bench --ingest`` (:func:`shared_core.bench_workloads.ingest_workload`) on one
+The measurement of ``hiermem bench --ingest`` (:func:`shared_core.bench.workloads.ingest_workload`) on one
 conversation — the first ``--turns`` of LoCoMo conv-26, or of the bundled RealMem excerpt — written in
 this script's own format. Real turns are added one ``add`` per message, as a chat adds them; the baseline
 embeds the same messages one per call with the same embedder in the same process, just before each run.
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--modes", default="composed,embedded", help="composed, embedded and/or default")
     ap.add_argument("--out", type=Path, default=Path("ingest_cost.json"))
     args = ap.parse_args()
-    from shared_core.bench_workloads import ingest_workload
+    from shared_core.bench.workloads import ingest_workload
 
     doc = ingest_workload(
         args.memories.split(","),

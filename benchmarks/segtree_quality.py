@@ -59,7 +59,7 @@ import Stemmer
 from shared_core import Message, SegTreeMem
 from shared_core.models.base import Embedder
 from shared_core.models.extractive import split_sentences
-from shared_core.propagation import propagation_matrix
+from shared_core.tree.propagation import propagation_matrix
 from shared_core.types import Usage
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"

@@ -8,7 +8,7 @@ proxy uncertainty, hybrid relevance); the open episode is flushed at the end. Ev
 asked, k = 10, with the default ``top_down`` policy (message evidence), ``adaptive`` (the paper's two
 stages) and ``representative`` (Stage I). Per query we record the evidence recall of the message hits
 (:func:`shared_core.eval.metrics.evidence_recall`), the tokens of the returned text
-(:func:`shared_core.base.count_tokens`) and the answer-token recall
+(:func:`shared_core.memories.base.count_tokens`) and the answer-token recall
 (:func:`shared_core.eval.metrics.answer_token_recall`: the share of the gold answer's content words,
 lower-cased, stop words removed, present in the returned text).
 
@@ -52,12 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from shared_core.base import count_tokens  # noqa: E402
 from shared_core.eval.baselines import FlatFusion  # noqa: E402
 from shared_core.eval.metrics import answer_token_recall, evidence_recall  # noqa: E402
-from shared_core.index import normalize_rows  # noqa: E402
+from shared_core.memories.base import count_tokens  # noqa: E402
+from shared_core.memories.xmemory import XMemory  # noqa: E402
+from shared_core.search.index import normalize_rows  # noqa: E402
 from shared_core.types import Message  # noqa: E402
-from shared_core.xmemory import XMemory  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "locomo" / "locomo_dev.json"
 

@@ -14,8 +14,8 @@ Needs the ``agents`` extra (``langchain`` and ``langgraph`` in addition), loaded
   remembered, and recalled for the model (fenced as data, within a token budget) in later threads.
 * :func:`create_memory_tools` — ``remember`` / ``recall`` tools over the same per-user memories.
 
-Without ``langchain``, accessing one raises :class:`MissingExtraError` naming ``hiermem[agents]``; a run
-that names no user raises :class:`MissingUserError`.
+Without them, accessing one raises :class:`MissingExtraError` naming ``hiermem[agents]`` (the tools need
+only ``langgraph``); a run that names no user raises :class:`MissingUserError`.
 
 Needs the ``legacy`` extra (``langchain-classic`` in addition), loaded on first access:
 
@@ -34,6 +34,7 @@ from .errors import AlgorithmUnavailableError, MissingExtraError, MissingUserErr
 from .models import HierMemEmbeddings, LangChainEmbedder, LangChainLLM
 from .retrievers import HierMemRetriever, hit_to_document
 from .store import HierMemStore
+from .store_durable import DurableHierMemStore
 
 if TYPE_CHECKING:
     from .memory import HATMemory, HierMemMemory, MemTreeMemory, SegTreeMemory, XMemoryMemory
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlgorithmUnavailableError",
+    "DurableHierMemStore",
     "HATMemory",
     "HierMemEmbeddings",
     "HierMemMemory",

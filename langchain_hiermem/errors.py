@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from shared_core.types import HierMemError
 
-__all__ = ["AlgorithmUnavailableError", "MissingExtraError", "MissingUserError"]
+__all__ = ["AlgorithmUnavailableError", "MissingExtraError", "MissingUserError", "agents_extra_error"]
 
 
 class AlgorithmUnavailableError(HierMemError, ImportError):
@@ -53,3 +53,20 @@ class MissingUserError(HierMemError, LookupError):
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+
+
+def agents_extra_error(e: ModuleNotFoundError) -> MissingExtraError:
+    """The error for a missing ``agents`` extra, from the failed import of ``langchain`` or ``langgraph``.
+
+    Raises:
+        ModuleNotFoundError: ``e`` itself when another module is missing (a real bug, not the extra).
+    """
+    if (e.name or "").split(".")[0] not in ("langchain", "langgraph"):
+        raise e
+    return MissingExtraError(
+        "HierMemMiddleware and create_memory_tools need the packages langchain and langgraph, which are "
+        'not installed: pip install "hiermem[agents]". The retriever and the LangGraph store '
+        "(HierMemRetriever, HierMemStore) do not need them.",
+        extra="agents",
+        name=e.name,
+    )

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import ConfigDict, Field, field_validator
 
-from shared_core.base import HierarchicalMemory, count_tokens
+from shared_core.memories.base import HierarchicalMemory, count_tokens
 from shared_core.types import Hit, InvalidInputError, Message
 
 from .errors import AlgorithmUnavailableError, MissingExtraError
@@ -72,7 +72,7 @@ class HierMemMemory(BaseMemory):
     this base class takes a ready core memory.
 
     Args:
-        memory: the core :class:`~shared_core.base.HierarchicalMemory` (required here; the subclasses
+        memory: the core :class:`~shared_core.memories.base.HierarchicalMemory` (required here; the subclasses
             build one when it is not given).
         memory_key: prompt variable the history is returned under, default ``"history"``.
         input_key: key of the chain input used as the query and stored as the human turn; default
@@ -83,7 +83,7 @@ class HierMemMemory(BaseMemory):
         ai_prefix: speaker name of the AI turns and their line prefix, default ``"AI"``.
         k: at most this many retrieved nodes, default ``None`` = the memory's default (10 for SegTreeMem).
         policy: retrieval policy, default ``None`` = the memory's default.
-        max_tokens: token budget of the rendered history text (as ``shared_core.base.count_tokens``
+        max_tokens: token budget of the rendered history text (as ``shared_core.memories.base.count_tokens``
             counts the newline-joined lines); the best-scoring nodes that fit are kept. Default ``None``
             (no budget). With ``return_messages=True`` the same lines are counted.
         return_messages: return a list of messages instead of a string, default ``False``.
@@ -387,49 +387,51 @@ class SegTreeMemory(HierMemMemory):
         SegTreeMem paper, Sec. 4.2-4.3, Appendix A Algorithms 1-2.
     """
 
-    algorithm = ("shared_core.segtree", "SegTreeMem")
+    algorithm = ("shared_core.memories.segtree", "SegTreeMem")
 
 
 class MemTreeMemory(HierMemMemory):
-    """Conversation memory over a ``shared_core.memtree.MemTree`` (semantic tree with collapsed retrieval).
+    """Conversation memory over a ``shared_core.memories.memtree.MemTree`` (semantic tree with collapsed
+    retrieval).
 
     Args: as :class:`SegTreeMemory`, with ``MemTree`` keyword arguments.
 
     Raises:
-        AlgorithmUnavailableError: ``shared_core.memtree`` is not available.
+        AlgorithmUnavailableError: ``shared_core.memories.memtree`` is not available.
 
     References:
         MemTree paper, Sec. 3 (insertion, collapsed retrieval).
     """
 
-    algorithm = ("shared_core.memtree", "MemTree")
+    algorithm = ("shared_core.memories.memtree", "MemTree")
 
 
 class HATMemory(HierMemMemory):
-    """Conversation memory over a ``shared_core.hat.HAT`` (hierarchical aggregate tree).
+    """Conversation memory over a ``shared_core.memories.hat.HAT`` (hierarchical aggregate tree).
 
     Args: as :class:`SegTreeMemory`, with ``HAT`` keyword arguments.
 
     Raises:
-        AlgorithmUnavailableError: ``shared_core.hat`` is not available.
+        AlgorithmUnavailableError: ``shared_core.memories.hat`` is not available.
 
     References:
         HAT paper (hierarchical aggregate tree, memory agent traversal).
     """
 
-    algorithm = ("shared_core.hat", "HAT")
+    algorithm = ("shared_core.memories.hat", "HAT")
 
 
 class XMemoryMemory(HierMemMemory):
-    """Conversation memory over a ``shared_core.xmemory.XMemory`` (messages, episodes, semantics, themes).
+    """Conversation memory over a ``shared_core.memories.xmemory.XMemory`` (messages, episodes, semantics,
+    themes).
 
     Args: as :class:`SegTreeMemory`, with ``XMemory`` keyword arguments.
 
     Raises:
-        AlgorithmUnavailableError: ``shared_core.xmemory`` is not available.
+        AlgorithmUnavailableError: ``shared_core.memories.xmemory`` is not available.
 
     References:
         xMemory paper, two-stage adaptive retrieval.
     """
 
-    algorithm = ("shared_core.xmemory", "XMemory")
+    algorithm = ("shared_core.memories.xmemory", "XMemory")

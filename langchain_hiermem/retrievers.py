@@ -9,7 +9,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, field_validator
 
-from shared_core.base import HierarchicalMemory
+from shared_core.memories.base import HierarchicalMemory
 from shared_core.types import Hit, InvalidInputError
 
 __all__ = ["HierMemRetriever", "hit_to_document"]
@@ -51,19 +51,19 @@ class HierMemRetriever(BaseRetriever):
     other keyword arguments are the policy's parameters (as in ``memory.retrieve``).
 
     Args:
-        memory: any core :class:`~shared_core.base.HierarchicalMemory`.
+        memory: any core :class:`~shared_core.memories.base.HierarchicalMemory`.
         k: documents per query, default 4 (LangChain retrievers' usual default); ``None`` = the memory's
             own default (10 for SegTreeMem).
         policy: retrieval policy, default ``None`` = the memory's default (e.g. SegTreeMem ``top_down``;
             see ``memory.policies``).
-        max_tokens: optional budget of returned text in tokens (as ``shared_core.base.count_tokens``
+        max_tokens: optional budget of returned text in tokens (as ``shared_core.memories.base.count_tokens``
             counts); default ``None`` (no budget).
         search_kwargs: the policy's parameters for every call, e.g. ``{"alpha": 0.1, "horizon": 2}``;
             default ``{}``. Keyword arguments of ``invoke`` override them. ``filter`` (LangChain's
             name; ``where`` is the core's) restricts hits to messages whose metadata match, e.g.
             ``{"user": "ann", "turn": {"$gte": 10}}``, and ``time_range=(start, end)`` to messages
             said in that range (ISO-8601 strings or datetimes); both apply before top-k, and a summary
-            comes back only when every message under it passes (see ``shared_core.filters``).
+            comes back only when every message under it passes (see ``shared_core.search.filters``).
 
     Returns (from ``invoke``):
         Documents best first, ``page_content`` = node text, metadata as :func:`hit_to_document` gives.

@@ -32,8 +32,8 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
-from shared_core.base import HierarchicalMemory
-from shared_core.filters import message_filter
+from shared_core.memories.base import HierarchicalMemory
+from shared_core.search.filters import message_filter
 from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
 
 from .models import as_core_embedder
@@ -55,6 +55,18 @@ __all__ = ["HierMemStore", "embedder_and_fields"]
 
 Namespace = tuple[str, ...]
 MemoryFactory = Callable[..., HierarchicalMemory]
+
+#: The durable store class (:class:`~langchain_hiermem.store_durable.DurableHierMemStore`), registered by
+#: its module (which subclasses :class:`HierMemStore`) with :func:`register_durable_store`.
+_DURABLE: type[DurableHierMemStore] | None = None
+
+
+def register_durable_store(cls: type[DurableHierMemStore]) -> type[DurableHierMemStore]:
+    """Class decorator: the class :meth:`HierMemStore.from_conn_string` opens."""
+    global _DURABLE
+    _DURABLE = cls
+    return cls
+
 
 # Fields used as an item's text when neither the store nor the put names any (in this order).
 DEFAULT_TEXT_FIELDS = ("text", "content")
@@ -282,9 +294,11 @@ class HierMemStore(TTLMixin, BaseStore):
             >>> with HierMemStore.from_conn_string("agent.sqlite", index={"embed": emb}) as store:
             ...     store.put(("users", "ann"), "dog", {"text": "My dog is called Luna."})
         """
-        from .store_durable import DurableHierMemStore
-
-        store = DurableHierMemStore(conn, index=index, **kwargs)
+        if _DURABLE is None:  # registered by langchain_hiermem.store_durable, imported with the package
+            raise RuntimeError(
+                "langchain_hiermem.store_durable is not loaded; import langchain_hiermem first."
+            )
+        store = _DURABLE(conn, index=index, **kwargs)
         try:
             yield store
         finally:
@@ -308,7 +322,7 @@ class HierMemStore(TTLMixin, BaseStore):
         if self._factory is not None:
             mem = self._factory(namespace) if self._factory_takes_ns else self._factory()
         else:
-            from shared_core.segtree import SegTreeMem
+            from shared_core.memories.segtree import SegTreeMem
 
             if self._embedder is None:
                 from shared_core.models.local import LocalEmbedder

@@ -49,7 +49,7 @@ from typing import Any
 
 from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result, TTLConfig
 
-from shared_core.base import HierarchicalMemory
+from shared_core.memories.base import HierarchicalMemory
 from shared_core.namespaces import MemoryStore
 from shared_core.stores.namespace import MAX_PARTS, namespace_key, normalize_namespace
 from shared_core.types import (
@@ -61,7 +61,15 @@ from shared_core.types import (
 )
 
 from .retrievers import HierMemRetriever
-from .store import HierMemStore, MemoryFactory, Namespace, _Added, _as_namespace, _Space
+from .store import (
+    HierMemStore,
+    MemoryFactory,
+    Namespace,
+    _Added,
+    _as_namespace,
+    _Space,
+    register_durable_store,
+)
 from .store_items import (
     _ADD_SPACE,
     _DELETE_ITEM,
@@ -87,6 +95,7 @@ __all__ = ["FORMAT", "KIND", "MEMORY_PREFIX", "SCHEMA", "DurableHierMemStore"]
 MEMORY_PREFIX = "langgraph"
 
 
+@register_durable_store
 class DurableHierMemStore(HierMemStore):
     """A :class:`HierMemStore` whose items and memories are kept in a database (see the module docstring).
 

@@ -14,12 +14,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
-from langgraph.prebuilt import ToolRuntime
+
+from .errors import agents_extra_error
+
+try:
+    from langgraph.prebuilt import ToolRuntime
+except ModuleNotFoundError as e:
+    raise agents_extra_error(e) from e
 
 from shared_core.namespaces import MemoryStore
 from shared_core.types import InvalidInputError, Message
 
-from .middleware import (
+from .agent_memory import (
     DEFAULT_HEADER,
     MemoryBackend,
     _now,

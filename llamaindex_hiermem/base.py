@@ -20,36 +20,23 @@ by the core and its files are copied through ``fs`` (and back on load).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
 import os
-import posixpath
-import tempfile
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.data_structs.data_structs import IndexGraph
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import BaseNode, MetadataMode, TransformComponent
 from llama_index.core.storage.docstore.types import RefDocInfo
 from llama_index.core.storage.storage_context import StorageContext
-from llama_index.core.vector_stores.types import (
-    BasePydanticVectorStore,
-    VectorStoreQuery,
-    VectorStoreQueryResult,
-)
 
-from shared_core.base import HierarchicalMemory
-from shared_core.persist import _CURRENT as SAVE_POINTER
-from shared_core.persist import _MEMORY as SAVE_MANIFEST
-from shared_core.persist import read_save
+from shared_core.memories.base import HierarchicalMemory
+from shared_core.stores.files import read_save
 from shared_core.types import (
-    HierMemError,
     InvalidInputError,
     Message,
     NodeNotFoundError,
@@ -58,7 +45,14 @@ from shared_core.types import (
 )
 
 from .models import resolve_embedder, resolve_llm
+from .persistence import (
+    _local_dir,
+    _memory_path,
+    _readable_save,
+    _store_key,
+)
 from .retrievers import HierMemRetriever, policy_param_names
+from .vector_store import HierMemVectorStore
 
 __all__ = [
     "HATIndex",
@@ -71,274 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Sub-directory of a persist directory holding the memories (one save per index id).
-MEMORY_DIR = "hiermem"
-
-
-def _store_key(index_id: str) -> str:
-    return f"hiermem-{index_id}"
-
-
-def _memory_path(persist_dir: str | os.PathLike[str], index_id: str) -> Path:
-    return Path(persist_dir) / MEMORY_DIR / index_id
-
-
-# =========================================================================== fsspec transfer
-def _local_dir(path: str | os.PathLike[str], fs: Any) -> Path | None:
-    """``path`` as a local directory when ``fs`` is ``None`` or the local filesystem, else ``None``."""
-    if fs is None:
-        return Path(path)
-    from fsspec.implementations.local import LocalFileSystem
-
-    if isinstance(fs, LocalFileSystem):
-        return Path(fs._strip_protocol(os.fspath(path)))
-    return None
-
-
-def _fs_path(fs: Any, path: str | os.PathLike[str]) -> str:
-    """``path`` in ``fs``'s own form (protocol removed)."""
-    return str(fs._strip_protocol(os.fspath(path)))
-
-
-def _fs_join(base: str, *parts: str) -> str:
-    """Join fsspec path parts with ``/`` (``base`` may be ``""`` or ``"/"``)."""
-    head = base if not base or base.endswith("/") else base + "/"
-    return head + "/".join(parts)
-
-
-def _fs_name(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _fs_failure(e: Exception, doing: str, where: str, fs: Any) -> PersistenceError:
-    return PersistenceError(f"Cannot {doing} {where} through {type(fs).__name__}: {type(e).__name__}: {e}")
-
-
-def _check_snapshot_name(name: str, where: str) -> str:
-    if not name.startswith("snapshot-") or "/" in name or "\\" in name or ".." in name:
-        raise PersistenceError(f"{where} names an invalid snapshot; the save is corrupt.")
-    return name
-
-
-def _upload_save(local: Path, fs: Any, remote: str) -> None:
-    """Copy the core save directory ``local`` to ``remote`` in ``fs``.
-
-    The snapshot's files are written first and the pointer file last, then older snapshots are removed,
-    so an interrupted upload leaves the previous save readable.
-
-    Raises:
-        PersistenceError: ``remote`` is a file or a non-empty directory that is not a hiermem save, or
-            ``fs`` failed.
-    """
-    try:
-        if fs.isfile(remote):
-            raise PersistenceError(f"{remote} is a file; give a directory path to save into.")
-        present = {_fs_name(p) for p in fs.ls(remote, detail=False)} if fs.isdir(remote) else set()
-        if present and SAVE_POINTER not in present:
-            raise PersistenceError(
-                f"{remote} is a non-empty directory that is not a hiermem save; choose an empty or new "
-                "directory."
-            )
-        snapshot = (local / SAVE_POINTER).read_text(encoding="utf-8").strip()
-        fs.makedirs(_fs_join(remote, snapshot), exist_ok=True)
-        for f in sorted((local / snapshot).iterdir()):
-            fs.put_file(str(f), _fs_join(remote, snapshot, f.name))
-        fs.pipe_file(_fs_join(remote, SAVE_POINTER), snapshot.encode("utf-8"))
-        for name in sorted(present):
-            if name != snapshot and name.startswith("snapshot-"):
-                fs.rm(_fs_join(remote, name), recursive=True)
-    except HierMemError:
-        raise
-    except Exception as e:
-        raise _fs_failure(e, "save the memory to", remote, fs) from e
-
-
-def _download_save(fs: Any, remote: str, local: Path, *, manifest_only: bool = False) -> Path:
-    """Copy the save at ``remote`` in ``fs`` into the new local directory ``local``; return ``local``.
-
-    Args:
-        fs: the fsspec filesystem.
-        remote: the save directory in ``fs``.
-        local: a local path that does not exist yet.
-        manifest_only: copy only the memory file (enough to read the memory's kind).
-
-    Raises:
-        PersistenceError: ``remote`` is not a hiermem save, or ``fs`` failed.
-    """
-    pointer = _fs_join(remote, SAVE_POINTER)
-    try:
-        try:
-            raw = fs.cat_file(pointer)
-        except FileNotFoundError:
-            raise PersistenceError(
-                f"{remote} is not a saved hiermem memory (no {SAVE_POINTER} file); save one with "
-                "index.storage_context.persist(persist_dir, fs=fs)."
-            ) from None
-        snapshot = _check_snapshot_name(raw.decode("utf-8", "replace").strip(), pointer)
-        (local / snapshot).mkdir(parents=True)
-        (local / SAVE_POINTER).write_text(snapshot, encoding="utf-8")
-        src_dir = _fs_join(remote, snapshot)
-        names = [SAVE_MANIFEST] if manifest_only else [_fs_name(p) for p in fs.ls(src_dir, detail=False)]
-        for name in names:
-            src = _fs_join(src_dir, name)
-            if name not in ("", ".", "..") and fs.isfile(src):
-                fs.get_file(src, str(local / snapshot / name))
-    except HierMemError:
-        raise
-    except Exception as e:
-        raise _fs_failure(e, "read the memory saved in", remote, fs) from e
-    return local
-
-
-def _save_memory(
-    memory: HierarchicalMemory, persist_dir: str | os.PathLike[str], index_id: str, fs: Any
-) -> None:
-    """Save ``memory`` to ``persist_dir/hiermem/<index_id>``, on the local disk or through ``fs``."""
-    local = _local_dir(persist_dir, fs)
-    if local is not None:
-        memory.save(_memory_path(local, index_id))
-        return
-    with tempfile.TemporaryDirectory(prefix="hiermem-save-") as tmp:
-        saved = memory.save(Path(tmp) / "save")
-        _upload_save(saved, fs, _fs_join(_fs_path(fs, persist_dir), MEMORY_DIR, index_id))
-
-
-@contextlib.contextmanager
-def _readable_save(
-    persist_dir: str | os.PathLike[str], index_id: str, fs: Any, *, manifest_only: bool = False
-) -> Iterator[Path | None]:
-    """A local directory holding the memory saved for ``index_id`` (``None`` when there is none).
-
-    With a remote ``fs`` the save is copied into a temporary directory that lives as long as the context.
-
-    Raises:
-        PersistenceError: the save cannot be read through ``fs``.
-    """
-    local = _local_dir(persist_dir, fs)
-    if local is not None:
-        path = _memory_path(local, index_id)
-        yield path if path.exists() else None
-        return
-    remote = _fs_join(_fs_path(fs, persist_dir), MEMORY_DIR, index_id)
-    try:
-        exists = bool(fs.exists(remote))
-    except Exception as e:
-        raise _fs_failure(e, "look for the memory in", remote, fs) from e
-    if not exists:
-        yield None
-        return
-    with tempfile.TemporaryDirectory(prefix="hiermem-load-") as tmp:
-        yield _download_save(fs, remote, Path(tmp) / "save", manifest_only=manifest_only)
-
-
-# =========================================================================== storage-context entry
-class HierMemVectorStore(BasePydanticVectorStore):
-    """An index's memory seen as a LlamaIndex vector store (text queries); its storage-context entry.
-
-    Every :class:`HierMemIndex` registers one under ``"hiermem-<index_id>"`` in its storage context, so
-    that ``StorageContext.persist(persist_dir)`` saves the memory (to ``persist_dir/hiermem/<index_id>``).
-    It can also be used as a store: ``add`` / ``delete`` / ``delete_nodes`` go through the index (docstore
-    and tree stay in step) and ``query`` runs the memory's default policy on ``query.query_str``.
-
-    Args:
-        index: the owning index.
-
-    References:
-        LlamaIndex ``BasePydanticVectorStore`` protocol; core persistence (``shared_core/persist.py``).
-    """
-
-    stores_text: bool = True
-    is_embedding_query: bool = False
-    _index: Any = PrivateAttr()
-
-    def __init__(self, index: HierMemIndex) -> None:
-        super().__init__()
-        self._index = index
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "HierMemVectorStore"
-
-    @property
-    def client(self) -> HierarchicalMemory:
-        """The core memory."""
-        return self._index.memory
-
-    def add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
-        """Insert ``nodes`` through the index (see :meth:`HierMemIndex.insert_nodes`); returns their ids."""
-        self._index.insert_nodes(list(nodes))
-        return [n.node_id for n in nodes]
-
-    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
-        """Delete a document's nodes through the index (see :meth:`HierMemIndex.delete_ref_doc`)."""
-        self._index.delete_ref_doc(ref_doc_id)
-
-    def delete_nodes(
-        self, node_ids: list[str] | None = None, filters: Any = None, **delete_kwargs: Any
-    ) -> None:
-        """Delete nodes by id through the index. Metadata ``filters`` are not supported.
-
-        Raises:
-            InvalidInputError: ``filters`` given.
-            NodeNotFoundError: an id not in the index (nothing is deleted).
-        """
-        if filters is not None:
-            raise InvalidInputError("HierMemVectorStore deletes by node id only; pass node_ids, not filters.")
-        self._index.delete_nodes(list(node_ids or []))
-
-    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
-        """Retrieve ``query.similarity_top_k`` nodes for ``query.query_str`` with the default policy.
-
-        ``query.filters``, ``query.node_ids`` and ``query.doc_ids`` scope the result as in
-        :class:`~llamaindex_hiermem.retrievers.HierMemRetriever`: no node outside them is returned, and no
-        summary of a span that holds one.
-
-        Raises:
-            InvalidInputError: no ``query_str`` (this store answers text queries); bad filters or ids.
-        """
-        if not query.query_str:
-            raise InvalidInputError(
-                "HierMemVectorStore answers text queries: set VectorStoreQuery.query_str."
-            )
-        found = self._index.as_retriever(
-            similarity_top_k=query.similarity_top_k,
-            filters=query.filters,
-            node_ids=query.node_ids,
-            doc_ids=query.doc_ids,
-        ).retrieve(query.query_str)
-        return VectorStoreQueryResult(
-            nodes=[n.node for n in found],
-            similarities=[float(n.score or 0.0) for n in found],
-            ids=[n.node.node_id for n in found],
-        )
-
-    async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
-        """Async :meth:`query` (in a worker thread)."""
-        return await asyncio.to_thread(self.query, query, **kwargs)
-
-    def persist(self, persist_path: str, fs: Any = None) -> None:
-        """Save the memory beside ``persist_path``: to ``dirname(persist_path)/hiermem/<index_id>``.
-
-        Called by ``StorageContext.persist(persist_dir, fs=fs)`` (``persist_path`` is then
-        ``persist_dir/hiermem-<index_id>__vector_store.json``; no file is written under that name).
-
-        Args:
-            persist_path: the store's file path inside the persist directory.
-            fs: an fsspec filesystem to write through (e.g. ``fsspec.filesystem("memory")`` or S3);
-                default ``None`` = the local disk. The local filesystem is written directly; any other is
-                given a copy of a save written to a local temporary directory (snapshot files first, the
-                pointer file last, so an interrupted upload leaves the previous save readable).
-
-        Raises:
-            PersistenceError: the save could not be written (e.g. the target is a file, a non-empty
-                directory that is not a save, or ``fs`` failed).
-        """
-        if fs is None:
-            directory: str = os.path.dirname(str(persist_path))
-        else:
-            directory = posixpath.dirname(_fs_path(fs, persist_path))
-        _save_memory(self._index.memory, directory, self._index.index_id, fs)
 
 
 # =========================================================================== indices
@@ -826,24 +552,25 @@ class HierMemIndex(BaseIndex[IndexGraph]):
 
 
 class SegTreeIndex(HierMemIndex):
-    """A LlamaIndex index over a :class:`~shared_core.segtree.SegTreeMem` (segment-tree memory).
+    """A LlamaIndex index over a :class:`~shared_core.memories.segtree.SegTreeMem` (segment-tree memory).
 
     Nodes are utterances in arrival order; internal nodes annotate contiguous spans. Policies:
     ``collapsed``, ``top_down`` (default), ``bottom_up``; policy parameters ``alpha``, ``horizon``,
     ``relevance``, ``hybrid_weight``, ``admissible``. Arguments: see :class:`HierMemIndex`;
-    ``**memory_kwargs`` are :class:`~shared_core.segtree.SegTreeMem` options (``compat``, ``threshold``,
-    ``alpha``, ``horizon``, ``k``, ``relevance``, ...).
+    ``**memory_kwargs`` are :class:`~shared_core.memories.segtree.SegTreeMem` options (``compat``,
+    ``threshold``, ``alpha``, ``horizon``, ``k``, ``relevance``, ...).
 
     References:
         SegTreeMem paper (shared/seeds/segtreemem-paper.txt), Sec. 4; Appendix A, Algorithms 1-2.
     """
 
-    memory_module = "shared_core.segtree"
+    memory_module = "shared_core.memories.segtree"
     memory_class_name = "SegTreeMem"
 
 
 class MemTreeIndex(HierMemIndex):
-    """A LlamaIndex index over a ``shared_core.memtree.MemTree`` (semantic tree with online insertion).
+    """A LlamaIndex index over a ``shared_core.memories.memtree.MemTree`` (semantic tree with online
+    insertion).
 
     Policies: ``top_down`` (default: message leaves ranked by propagated hybrid relevance),
     ``collapsed`` (the paper's), ``traversal``. Arguments: see :class:`HierMemIndex`;
@@ -853,12 +580,12 @@ class MemTreeIndex(HierMemIndex):
         MemTree paper (shared/seeds/memtree-paper.txt), Sec. 3.1 (insertion) and 3.2 (retrieval).
     """
 
-    memory_module = "shared_core.memtree"
+    memory_module = "shared_core.memories.memtree"
     memory_class_name = "MemTree"
 
 
 class HATIndex(HierMemIndex):
-    """A LlamaIndex index over a ``shared_core.hat.HAT`` (hierarchical aggregate tree).
+    """A LlamaIndex index over a ``shared_core.memories.hat.HAT`` (hierarchical aggregate tree).
 
     Policies: ``top_down`` (default without an LLM), ``agent`` (default with one), ``bfs``, ``dfs`` (need
     an LLM), ``greedy``, ``collapsed``. Arguments: see :class:`HierMemIndex`; ``**memory_kwargs`` are
@@ -868,12 +595,13 @@ class HATIndex(HierMemIndex):
         HAT paper (shared/seeds/hat-paper.txt), Sec. 3.1 (the tree) and 3.2 (memory agent).
     """
 
-    memory_module = "shared_core.hat"
+    memory_module = "shared_core.memories.hat"
     memory_class_name = "HAT"
 
 
 class XMemoryIndex(HierMemIndex):
-    """A LlamaIndex index over a ``shared_core.xmemory.XMemory`` (messages, episodes, semantics, themes).
+    """A LlamaIndex index over a ``shared_core.memories.xmemory.XMemory`` (messages, episodes, semantics,
+    themes).
 
     Policies: ``top_down`` (default: message leaves ranked by their own and their facts' relevance),
     ``adaptive`` (the paper's two-stage retrieval), ``representative``, ``collapsed``. Arguments: see
@@ -883,7 +611,7 @@ class XMemoryIndex(HierMemIndex):
         xMemory paper (shared/seeds/xmemory-paper.txt), Sec. 3.2 (structure) and 3.3 (adaptive retrieval).
     """
 
-    memory_module = "shared_core.xmemory"
+    memory_module = "shared_core.memories.xmemory"
     memory_class_name = "XMemory"
 
 

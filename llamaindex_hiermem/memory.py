@@ -14,7 +14,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.utils import get_tokenizer
 
-from shared_core.base import HierarchicalMemory
+from shared_core.memories.base import HierarchicalMemory
 from shared_core.namespaces import MAX_PARTS, MemoryStore, Namespace, normalize_namespace
 from shared_core.types import HierMemError, Hit, InvalidInputError, Message
 
@@ -97,8 +97,8 @@ class HierMemBlock(BaseMemoryBlock[str]):
         name: block name in the memory template, default ``"hierarchical_memory"``.
         memory_factory: builds the empty memory of a new session: a callable taking no argument or the
             namespace tuple (``lambda: MemTree(embedder=emb)``); default ``None`` = a
-            :class:`~shared_core.segtree.SegTreeMem` with ``embed_model`` / ``llm`` resolved as by the
-            indices (explicit, else ``Settings`` when set, else the local embedder and no LLM; resolved
+            :class:`~shared_core.memories.segtree.SegTreeMem` with ``embed_model`` / ``llm`` resolved as by
+            the indices (explicit, else ``Settings`` when set, else the local embedder and no LLM; resolved
             once and shared by all sessions) and ``memory_kwargs``.
         embed_model: embedding model of the default factory, default ``None``.
         llm: LLM of the default factory, default ``None``.
@@ -240,7 +240,7 @@ class HierMemBlock(BaseMemoryBlock[str]):
         self._store = MemoryStore(factory, self.store_dir, durable=self.store_dir is not None)
 
     def _default_factory(self) -> Callable[[], HierarchicalMemory]:
-        from shared_core.segtree import SegTreeMem
+        from shared_core.memories.segtree import SegTreeMem
 
         embedder, core_llm = resolve_embedder(self.embed_model), resolve_llm(self.llm)
         options = dict(self.memory_kwargs)

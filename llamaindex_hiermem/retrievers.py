@@ -15,7 +15,7 @@ from llama_index.core.storage.docstore.types import BaseDocumentStore
 from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter, MetadataFilters
 from llama_index.core.vector_stores.utils import build_metadata_filter_fn
 
-from shared_core.base import HierarchicalMemory
+from shared_core.memories.base import HierarchicalMemory
 from shared_core.types import Hit, InvalidInputError, Message, UnknownPolicyError
 
 __all__ = [
@@ -227,11 +227,11 @@ class HierMemRetriever(BaseRetriever):
     Scoping (``filters``, ``node_ids``, ``doc_ids``, as for LlamaIndex's vector retrievers) never lets
     out-of-scope text through: a leaf is returned only when its message is in scope, and an internal node
     (whose summary mixes its messages) only when every message under it is. The scope is the core's
-    ``where`` filter (``shared_core.filters``), applied before top-k: ``similarity_top_k`` in-scope hits
-    come back whenever that many in-scope messages exist.
+    ``where`` filter (``shared_core.search.filters``), applied before top-k: ``similarity_top_k`` in-scope
+    hits come back whenever that many in-scope messages exist.
 
     Args:
-        memory: the core memory (:class:`~shared_core.base.HierarchicalMemory`).
+        memory: the core memory (:class:`~shared_core.memories.base.HierarchicalMemory`).
         policy: retrieval policy, one of ``memory.policies``; default ``None`` = the memory's default
             (e.g. SegTreeMem ``top_down``).
         similarity_top_k: at most this many nodes per query; default ``None`` = the memory's default

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import HierarchicalMemory
-from .hat import HAT
-from .memtree import MemTree
-from .segtree import SegTreeMem
+from . import _compat
+from .memories import HAT, HierarchicalMemory, MemTree, SegTreeMem, XMemory, memory_classes
 from .types import (
     AddReport,
     Completion,
@@ -29,7 +27,6 @@ from .types import (
     Usage,
     VersionMismatchError,
 )
-from .xmemory import XMemory
 
 if TYPE_CHECKING:
     from .models.extractive import ExtractiveSummarizer
@@ -38,6 +35,8 @@ if TYPE_CHECKING:
     from .models.openai_models import OpenAIChat, OpenAIEmbedder
 
 __version__ = "0.1.0"
+
+_compat.install()  # old module paths (shared_core.segtree, ...) keep working with a DeprecationWarning
 
 __all__ = [
     "AddReport",
@@ -82,8 +81,3 @@ def __getattr__(name: str) -> Any:  # model classes load their heavy dependencie
 
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'shared_core' has no attribute {name!r}")
-
-
-def memory_classes() -> dict[str, type[HierarchicalMemory]]:
-    """Memory classes by their ``kind`` (the name stored in saves)."""
-    return {cls.kind: cls for cls in (SegTreeMem, MemTree, HAT, XMemory)}

@@ -45,8 +45,8 @@ def demo(
     from .eval.baselines import FlatBM25, FlatDense
     from .eval.data import load_realmem_excerpt
     from .eval.metrics import evidence_recall
+    from .memories.segtree import SegTreeMem
     from .models.local import LocalEmbedder
-    from .segtree import SegTreeMem
     from .viz import plot_tree_shape
 
     t_start = time.perf_counter()
@@ -160,7 +160,7 @@ def viz(
     """
     from rich.markup import escape
 
-    from .base import HierarchicalMemory
+    from .memories.base import HierarchicalMemory
     from .types import HierMemError
     from .viz import plot_tree_shape, render_html
 
@@ -229,7 +229,7 @@ def mcp(
 
     err = Console(stderr=True)  # stdout is the MCP channel in stdio mode
     try:
-        from .mcp_server import MEMORY_KINDS, serve
+        from .serve.mcp_server import MEMORY_KINDS, serve
     except ImportError as e:
         err.print(f"[red]{escape(str(e))}[/red]")
         raise typer.Exit(1) from None
@@ -253,7 +253,8 @@ def mcp(
 
 
 def _register_eval_and_bench() -> None:
-    from .eval.command import bench_command, eval_command
+    from .bench.command import bench_command
+    from .eval.command import eval_command
 
     app.command("eval")(eval_command)
     app.command("bench")(bench_command)

@@ -25,7 +25,7 @@ from .stores import Store, attach_store
 from .stores.sqlite import FORMAT, SYNCHRONOUS, DurableStore, SQLiteStore
 
 if TYPE_CHECKING:
-    from .base import HierarchicalMemory
+    from .memories.base import HierarchicalMemory
     from .models.base import LLM, Embedder
 
 __all__ = ["FORMAT", "SYNCHRONOUS", "DurableStore", "SQLiteStore", "Store", "attach_store", "open_memory"]

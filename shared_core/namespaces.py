@@ -39,7 +39,7 @@ Layout of ``root_dir`` (PostgreSQL keeps the namespace tuple in its ``hiermem.na
 
     ns-<slug>-<digest>/
         namespace.json     {"format": 1, "namespace": [...], "kind": "segtree"}
-        memory/            a save (CURRENT + snapshot-*; see shared_core.persist), or
+        memory/            a save (CURRENT + snapshot-*; see shared_core.stores.files), or
         memory.sqlite      the durable store (durable=True)
 """
 
@@ -61,7 +61,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import HierarchicalMemory
+from .memories.base import HierarchicalMemory
 from .stores import is_postgres_url
 from .stores.base import Store
 from .stores.namespace import (

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any, Union
 
 __all__ = [
+    "count_tokens",
+    "parse_timestamp",
     "AddReport",
     "CommitUnknownError",
     "Completion",
@@ -400,3 +404,58 @@ def check_branching(value: Any, none_means: str) -> int | None:
     if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 2:
         raise InvalidInputError(f"branching must be an int >= 2 or None ({none_means}), got {value!r}.")
     return int(value)
+
+
+_ISO_PREFIX = re.compile(r"\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?")
+_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%d %B %Y", "%B %d, %Y")
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """Parse a message timestamp leniently; ``None`` when it cannot be read.
+
+    Accepts ISO 8601 (``"2025-12-19T10:00:00"``), a leading ISO date or date-time followed by anything
+    (RealMem's ``"2025-12-19 (Friday)"``) and LoCoMo's ``"1:56 pm on 8 May, 2023"``. Time zones are
+    dropped (times are compared as wall-clock times).
+
+    Args:
+        value: the ``Message.timestamp`` (any type; non-strings give ``None``).
+
+    Returns:
+        A naive :class:`datetime`, or ``None``.
+    """
+    if not isinstance(value, str) or not value.strip():
+        return None
+    s = value.strip()
+    try:
+        return datetime.fromisoformat(s).replace(tzinfo=None)
+    except ValueError:
+        pass
+    m = _ISO_PREFIX.match(s)
+    if m:
+        try:
+            return datetime.fromisoformat(m.group(0).replace(" ", "T"))
+        except ValueError:
+            pass
+    for fmt in _TIME_FORMATS:
+        try:
+            return datetime.strptime(s, fmt)
+        except ValueError:
+            continue
+    return None
+
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def count_tokens(text: str | Sequence[str]) -> int:
+    """Number of tokens, counted as regex word runs and single punctuation marks (``\\w+|[^\\w\\s]``).
+
+    Args:
+        text: a string or a list of strings (counts add up).
+
+    Returns:
+        The token count (int >= 0).
+    """
+    if isinstance(text, str):
+        return len(_TOKEN_RE.findall(text))
+    return sum(len(_TOKEN_RE.findall(t)) for t in text)

@@ -7,20 +7,19 @@ loaded from a save. Rows are depths below the root, except for xMemory, whose ro
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .types import InvalidInputError
+from .types import InvalidInputError, parse_timestamp
 
 if TYPE_CHECKING:
-    from .base import HierarchicalMemory
+    from .memories.base import HierarchicalMemory
 
 __all__ = ["parse_timestamp", "plot_tree_shape", "render_html", "tree_layout"]
 
-#: xMemory tiers, top row first (``Node.level`` values of :mod:`shared_core.xmemory`).
+#: xMemory tiers, top row first (``Node.level`` values of :mod:`shared_core.memories.xmemory`).
 _XMEMORY_ROWS: dict[int, str] = {3: "theme", 2: "semantic", 1: "episode", 0: "message"}
 _X_AXES = ("index", "time")
 
@@ -86,13 +85,13 @@ def tree_layout(memory: HierarchicalMemory | dict[str, Any]) -> TreeLayout:
     would hold none of the drawn nodes.
 
     Args:
-        memory: a hiermem memory, or its :meth:`~shared_core.base.HierarchicalMemory.to_dict` output.
+        memory: a hiermem memory, or its :meth:`~shared_core.memories.base.HierarchicalMemory.to_dict` output.
 
     Returns:
         The :class:`TreeLayout`.
 
     References:
-        Node store shape: ``shared_core.tree.NodeStore.to_dict``; xMemory tiers: xMemory paper Sec. 3.1.
+        Node store shape: ``shared_core.tree.nodes.NodeStore.to_dict``; xMemory tiers: xMemory paper Sec. 3.1.
     """
     data = memory if isinstance(memory, dict) else memory.to_dict()
     kind = str(data.get("kind", "memory"))
@@ -172,44 +171,6 @@ def tree_layout(memory: HierarchicalMemory | dict[str, Any]) -> TreeLayout:
         )
     out.nodes.sort(key=lambda ln: (ln.row, ln.ranks[0] if ln.ranks else 0, ln.id))
     return out
-
-
-_ISO_PREFIX = re.compile(r"\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?")
-_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%d %B %Y", "%B %d, %Y")
-
-
-def parse_timestamp(value: Any) -> datetime | None:
-    """Parse a message timestamp leniently; ``None`` when it cannot be read.
-
-    Accepts ISO 8601 (``"2025-12-19T10:00:00"``), a leading ISO date or date-time followed by anything
-    (RealMem's ``"2025-12-19 (Friday)"``) and LoCoMo's ``"1:56 pm on 8 May, 2023"``. Time zones are
-    dropped (times are compared as wall-clock times).
-
-    Args:
-        value: the ``Message.timestamp`` (any type; non-strings give ``None``).
-
-    Returns:
-        A naive :class:`datetime`, or ``None``.
-    """
-    if not isinstance(value, str) or not value.strip():
-        return None
-    s = value.strip()
-    try:
-        return datetime.fromisoformat(s).replace(tzinfo=None)
-    except ValueError:
-        pass
-    m = _ISO_PREFIX.match(s)
-    if m:
-        try:
-            return datetime.fromisoformat(m.group(0).replace(" ", "T"))
-        except ValueError:
-            pass
-    for fmt in _TIME_FORMATS:
-        try:
-            return datetime.strptime(s, fmt)
-        except ValueError:
-            continue
-    return None
 
 
 def _runs(ranks: list[int]) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shared_core.ann import NeighbourSearch
+from shared_core.search.ann import NeighbourSearch
 from shared_core.types import InvalidInputError
 
 

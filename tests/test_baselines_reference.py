@@ -29,9 +29,9 @@ from shared_core.eval import (
     load_realmem,
     render_message,
 )
-from shared_core.lexical import tokenize
 from shared_core.models.local import LocalEmbedder
-from shared_core.relevance import fuse, max_normalized
+from shared_core.search.lexical import tokenize
+from shared_core.search.relevance import fuse, max_normalized
 from shared_core.types import EmbeddingError, InvalidInputError, Message
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -280,7 +280,7 @@ def test_fuse_by_hand_and_errors():
 
 
 def test_fuse_is_the_memories_hybrid_relevance():
-    from shared_core.segtree import SegTreeMem
+    from shared_core.memories.segtree import SegTreeMem
 
     emb = TableEmbedder({**FRUIT, "cherry pie": [0.2, 0.9], "banana bread": [0.9, 0.3]}, others=True)
     mem = SegTreeMem(emb, relevance="hybrid", hybrid_weight=0.3)

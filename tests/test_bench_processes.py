@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'hiermem[postgres]')")
 
 from shared_core import HierarchicalMemory  # noqa: E402
-from shared_core import bench_processes as P  # noqa: E402
-from shared_core.eval.command import bench_command  # noqa: E402
+from shared_core.bench import processes as P  # noqa: E402
+from shared_core.bench.command import bench_command  # noqa: E402
 from shared_core.stores.postgres import PostgresDatabase  # noqa: E402
 from shared_core.types import InvalidInputError, Message  # noqa: E402
 

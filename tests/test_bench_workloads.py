@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from shared_core import bench_workloads as W
-from shared_core.eval.command import bench_command
+from shared_core.bench import workloads as W
+from shared_core.bench.command import bench_command
 from shared_core.types import InvalidInputError
 
 KINDS = ["segtree", "memtree", "hat", "xmemory"]

@@ -1,6 +1,7 @@
 """``retrieve(max_tokens=...)`` on every memory: the budget picks greedily from the whole ranking.
 
-The rule (``shared_core.base.TokenBudget``): candidates are walked best first and one that would exceed the
+The rule (``shared_core.memories.base.TokenBudget``): candidates are walked best first and one that would
+exceed the
 budget is skipped while the walk goes on. A budgeted retrieve must therefore return exactly what that
 walk over the memory's unbudgeted ranking returns, up to ``k`` hits, however far down the ranking the
 texts that fit are (the flat baselines of ``hiermem eval`` walk their whole ranking the same way).
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared_core.base import TokenBudget, count_tokens
+from shared_core.memories.base import TokenBudget, count_tokens
 from tests.test_durable import KINDS, HashEmbedder, make_memory
 
 # LLM-free policies that rank every node (the greedy walk applies to their whole ranking)

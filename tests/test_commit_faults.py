@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from shared_core import HierarchicalMemory
 from shared_core.durable import DurableStore
-from shared_core.index import NodeIndex
+from shared_core.search.index import NodeIndex
 from shared_core.types import PersistenceError
 from tests.test_durable import (
     KINDS,

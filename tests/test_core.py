@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_core.index import NodeIndex, inner_products, normalize_rows
-from shared_core.propagation import propagate, propagate_levelled, propagate_parents, propagation_matrix
-from shared_core.tree import ChildTexts, Node, NodeStore, TreeInvariantError
+from shared_core.search.index import NodeIndex, inner_products, normalize_rows
+from shared_core.tree.nodes import ChildTexts, Node, NodeStore, TreeInvariantError
+from shared_core.tree.propagation import propagate, propagate_levelled, propagate_parents, propagation_matrix
 from shared_core.types import (
     EmbeddingError,
     InvalidInputError,

@@ -1,6 +1,6 @@
 """Rankings do not depend on the CPU, the kernel, the batch or the row order.
 
-Every dense score is :func:`shared_core.index.inner_products`: the exact dot product of the float32
+Every dense score is :func:`shared_core.search.index.inner_products`: the exact dot product of the float32
 vectors rounded to float32 (ties to even), computed from a float64 product of any summation order and
 settled exactly where that product cannot decide the rounding. Every cut of a ranking breaks exact ties
 by node id, ascending (insertion index for the flat baselines). Checked here:
@@ -33,12 +33,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_core import index as I
+from shared_core import scores as I
 from shared_core.eval.baselines import FlatDense, FlatFusion
-from shared_core.index import NodeIndex, exact_dot, inner_products, top_k
-from shared_core.ranking import best_first
-from shared_core.xmemory import XMemory
-from shared_core.xmemory import retrieval as R
+from shared_core.memories.xmemory import XMemory
+from shared_core.memories.xmemory import retrieval as R
+from shared_core.search.index import NodeIndex, exact_dot, inner_products, top_k
+from shared_core.search.ranking import best_first
 from tests.test_durable import KINDS, HashEmbedder, make_memory, message_text
 from tests.test_xmemory import BowEmbedder
 from tests.test_xmemory_candidates import QUERIES, _messages
@@ -378,7 +378,7 @@ import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests import test_determinism as T
-from shared_core.xmemory import retrieval as R
+from shared_core.memories.xmemory import retrieval as R
 R.CANDIDATES_PER_HIT, R.NODES_PER_CANDIDATE = 5, 4
 out = {}
 for kind in T.KINDS:

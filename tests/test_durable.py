@@ -81,7 +81,7 @@ class HashEmbedder:
 def memory_class(kind: str) -> type[HierarchicalMemory]:
     """The class of a memory kind; skips the test when XMemory is not available."""
     if kind == "xmemory":
-        mod = pytest.importorskip("shared_core.xmemory")
+        mod = pytest.importorskip("shared_core.memories.xmemory")
         return mod.XMemory
     return {"segtree": SegTreeMem, "memtree": MemTree, "hat": HAT}[kind]
 

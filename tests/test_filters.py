@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_core.filters import message_filter, parse_time_range, where_matcher
+from shared_core.search.filters import message_filter, parse_time_range, where_matcher
 from shared_core.types import InvalidInputError, Message
 from tests.test_durable import KINDS, HashEmbedder, make_memory
 

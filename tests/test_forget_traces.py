@@ -30,11 +30,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shared_core import HierarchicalMemory, Message
-from shared_core.index import normalize_rows
+from shared_core.memories.xmemory import XMemory, extract_facts_rule, render_messages, rules
 from shared_core.models.extractive import ExtractiveSummarizer, holds_words, split_sentences
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import xmemory as P
-from shared_core.xmemory import XMemory, extract_facts_rule, render_messages, rules
+from shared_core.search.index import normalize_rows
 from tests.test_durable import HashEmbedder, check_tree, make_memory, message_text
 
 LOCKER = "My locker code at the big city gym downtown near the station is {}."

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_core.hat import ACTIONS, HAT, layer_sizes, parse_action
+from shared_core.memories.hat import ACTIONS, HAT, layer_sizes, parse_action
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import hat as P
 from shared_core.types import (

@@ -38,7 +38,7 @@ from langchain_hiermem import (  # noqa: E402
 )
 from langchain_hiermem.middleware import DEFAULT_HEADER, render_recalled, resolve_user  # noqa: E402
 from shared_core import SegTreeMem  # noqa: E402
-from shared_core.base import count_tokens  # noqa: E402
+from shared_core.memories.base import count_tokens  # noqa: E402
 from shared_core.namespaces import MemoryStore  # noqa: E402
 from shared_core.types import HierMemError, InvalidInputError  # noqa: E402
 from tests.test_durable import HashEmbedder  # noqa: E402
@@ -445,9 +445,11 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
 
+    blocked = sys.argv[1]
+
     class Blocker:
         def find_spec(self, name, path=None, target=None):
-            if name == "langchain" or name.startswith("langchain."):
+            if name == blocked or name.startswith(blocked + "."):
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return None
 
@@ -465,13 +467,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_without_langchain_the_middleware_names_the_agents_extra() -> None:
+@pytest.mark.parametrize(
+    ("blocked", "failing"),
+    [
+        ("langchain", ("HierMemMiddleware",)),
+        ("langgraph.prebuilt", ("HierMemMiddleware", "create_memory_tools")),
+    ],
+)
+def test_without_the_agents_extra_the_middleware_and_tools_name_it(blocked, failing) -> None:
+    """The middleware needs ``langchain`` (``AgentMiddleware``), the tools only ``langgraph``
+    (``ToolRuntime``); a missing one is a ``MissingExtraError`` naming ``hiermem[agents]``."""
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT, blocked], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name in ("HierMemMiddleware", "create_memory_tools"):
+    assert sorted(report) == sorted(failing), report
+    for name in failing:
         assert report[name]["type"] == "MissingExtraError", report
         assert report[name]["extra"] == "agents"
         assert 'pip install "hiermem[agents]"' in report[name]["message"]

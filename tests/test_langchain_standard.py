@@ -14,7 +14,7 @@ from langchain_tests.integration_tests import EmbeddingsIntegrationTests, Retrie
 from langchain_tests.unit_tests import EmbeddingsUnitTests
 
 from langchain_hiermem import HierMemEmbeddings, HierMemRetriever
-from shared_core.base import HierarchicalMemory
+from shared_core.memories.base import HierarchicalMemory
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,7 +58,7 @@ def filled(kind: str) -> HierarchicalMemory:
 
         mem = HAT(embedder=LocalEmbedder())
     else:
-        memtree = pytest.importorskip("shared_core.memtree")
+        memtree = pytest.importorskip("shared_core.memories.memtree")
         mem = memtree.MemTree(embedder=LocalEmbedder(), threshold=0.0)
     mem.add(TEXTS)
     return mem
@@ -118,8 +118,8 @@ def test_the_standard_query_finds_the_fact():
 @cache
 def filled_xmemory() -> HierarchicalMemory:
     """An XMemory holding TEXTS, its last episode closed (built once per process)."""
+    from shared_core.memories.xmemory import XMemory
     from shared_core.models.local import LocalEmbedder
-    from shared_core.xmemory import XMemory
 
     mem = XMemory(embedder=LocalEmbedder())
     mem.add(TEXTS)

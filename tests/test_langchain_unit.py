@@ -492,9 +492,9 @@ def test_memory_construction_errors():
 @pytest.mark.parametrize(
     ("cls", "module", "name"),
     [
-        (MemTreeMemory, "shared_core.memtree", "MemTree"),
-        (HATMemory, "shared_core.hat", "HAT"),
-        (XMemoryMemory, "shared_core.xmemory", "XMemory"),
+        (MemTreeMemory, "shared_core.memories.memtree", "MemTree"),
+        (HATMemory, "shared_core.memories.hat", "HAT"),
+        (XMemoryMemory, "shared_core.memories.xmemory", "XMemory"),
     ],
 )
 def test_other_algorithms_as_conversation_memory(cls, module, name):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_core.lexical import LexicalIndex, tokenize
+from shared_core.search.lexical import LexicalIndex, tokenize
 from shared_core.types import InvalidInputError
 
 

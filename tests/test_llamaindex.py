@@ -246,7 +246,7 @@ def test_policies_differ_and_top_k_is_respected(built):
 
 
 def test_retriever_token_budget(built):
-    from shared_core.base import count_tokens
+    from shared_core.memories.base import count_tokens
 
     q = "Tell me about Luna and Maria"
     got = built.as_retriever(
@@ -664,9 +664,9 @@ async def test_memory_block_default_memory_uses_settings(embedder):
 @pytest.mark.parametrize(
     ("module", "cls_name", "policy", "own_param"),
     [
-        ("shared_core.memtree", "MemTreeIndex", "collapsed", {"threshold": 0.0}),
-        ("shared_core.hat", "HATIndex", "greedy", {"beam": 2}),
-        ("shared_core.xmemory", "XMemoryIndex", "collapsed", {"alpha": 0.5}),
+        ("shared_core.memories.memtree", "MemTreeIndex", "collapsed", {"threshold": 0.0}),
+        ("shared_core.memories.hat", "HATIndex", "greedy", {"beam": 2}),
+        ("shared_core.memories.xmemory", "XMemoryIndex", "collapsed", {"alpha": 0.5}),
     ],
 )
 def test_other_memory_indices(module, cls_name, policy, own_param, tmp_path):
@@ -708,9 +708,9 @@ def test_other_memories_are_imported_lazily():
     for cls_name, module in (("MemTreeIndex", "memtree"), ("HATIndex", "hat"), ("XMemoryIndex", "xmemory")):
         cls = getattr(llamaindex_hiermem, cls_name)
         try:
-            importlib.import_module(f"shared_core.{module}")
+            importlib.import_module(f"shared_core.memories.{module}")
         except ImportError:
             with pytest.raises(ImportError, match=cls_name):
                 cls()
         else:
-            assert cls.memory_class().__module__ == f"shared_core.{module}"
+            assert cls.memory_class().__module__ == f"shared_core.memories.{module}"

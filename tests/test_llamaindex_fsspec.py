@@ -134,7 +134,7 @@ def test_round_trip_through_a_filesystem_wrapping_the_local_disk(tmp_path):
 
 
 def test_other_memory_kinds_are_dispatched_through_fs(memfs):
-    pytest.importorskip("shared_core.memtree")
+    pytest.importorskip("shared_core.memories.memtree")
     import llamaindex_hiermem
 
     fs, root = memfs

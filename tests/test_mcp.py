@@ -22,7 +22,7 @@ pytest.importorskip("mcp", reason='the MCP SDK is not installed (pip install "hi
 from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
 
-from shared_core.mcp_server import MEMORY_KINDS, build_server, open_store, parse_host_port  # noqa: E402
+from shared_core.serve.mcp_server import MEMORY_KINDS, build_server, open_store, parse_host_port  # noqa: E402
 from shared_core.types import InvalidInputError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,9 +36,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from shared_core import mcp_auth, mcp_server  # noqa: E402
 from shared_core.cli import app  # noqa: E402
-from shared_core.mcp_auth import (  # noqa: E402
+from shared_core.namespaces import MemoryStore  # noqa: E402
+from shared_core.serve import (
+    mcp_auth,  # noqa: E402
+    mcp_server,  # noqa: E402
+)
+from shared_core.serve.mcp_auth import (  # noqa: E402
     MIN_TOKEN_CHARS,
     Grant,
     TokensFileError,
@@ -47,8 +51,7 @@ from shared_core.mcp_auth import (  # noqa: E402
     is_loopback,
     transport_security,
 )
-from shared_core.mcp_server import HierMemTools, build_server, memory_factory, open_store  # noqa: E402
-from shared_core.namespaces import MemoryStore  # noqa: E402
+from shared_core.serve.mcp_server import HierMemTools, build_server, memory_factory, open_store  # noqa: E402
 from tests.test_durable import HashEmbedder  # noqa: E402
 from tests.test_mcp import ROOT, SERVER_ENV, TIMEOUT, _error, _free_port, _ok, _wait_listening  # noqa: E402
 

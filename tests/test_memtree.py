@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_core.memtree import MemTree, MemTreeAggregator
+from shared_core.memories.memtree import MemTree, MemTreeAggregator
 from shared_core.models.extractive import ExtractiveSummarizer
 from shared_core.prompts import memtree as P
 from shared_core.types import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import shared_core.memtree_routes as routes_module
+import shared_core.memories.memtree_routes as routes_module
 from shared_core import MemTree
 from shared_core.types import EmbeddingError, Message, Usage
 from tests.test_durable import HashEmbedder, message_text

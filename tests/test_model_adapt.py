@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shared_core.memories.segtree import SegTreeMem
 from shared_core.models.adapt import (
     DIM_PROBE,
     CallableEmbedder,
@@ -36,7 +37,6 @@ from shared_core.models.adapt import (
     wrap_model_error,
 )
 from shared_core.models.base import LLM, Embedder
-from shared_core.segtree import SegTreeMem
 from shared_core.types import EmbeddingError, HierMemError, InvalidInputError, ModelError, Usage
 
 DIM = 16

@@ -92,7 +92,7 @@ def test_max_resident_is_validated(tmp_path: Path) -> None:
 
 
 def test_the_mcp_server_store_uses_the_default(tmp_path: Path) -> None:
-    from shared_core.mcp_server import open_store
+    from shared_core.serve.mcp_server import open_store
 
     for where in (tmp_path / "store", None):
         store = open_store(where, "segtree", EMB)
@@ -411,7 +411,7 @@ def test_postgres_namespaces_are_evicted_and_reopened(pg_url: str) -> None:
 
 # --------------------------------------------------------------------------- hiermem bench
 def test_bench_namespace_profile() -> None:
-    from shared_core.bench import namespace_profile
+    from shared_core.bench.core import namespace_profile
 
     p = namespace_profile("segtree", 60, namespaces=3, reopens=3)
     assert p["embedded_texts_on_reopen"] == 0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shared_core import HierarchicalMemory, SegTreeMem
-from shared_core.index import NodeIndex
+from shared_core.search.index import NodeIndex
 from shared_core.types import Message, PersistenceError, VersionMismatchError
 from tests.test_segtree import TopicEmbedder, check_invariants, hit_key
 

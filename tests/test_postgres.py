@@ -7,7 +7,6 @@ database (``pg_url``).
 
 from __future__ import annotations
 
-import ast
 import multiprocessing as mp
 import os
 import signal
@@ -15,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait as wait_any
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -79,35 +77,6 @@ def _finish(t: threading.Thread, out: dict[str, Any], timeout: float = 120.0) ->
 
 
 # --------------------------------------------------------------------------- module structure
-def test_store_modules_never_import_the_memory():
-    """The stores and the save/load module sit below base.py: none of them imports base.py or the
-    package facade (at module level or inside a function), so there is no import circle."""
-    root = Path(__file__).resolve().parents[1] / "shared_core"
-    files = [root / "persist.py", root / "durable.py", *sorted((root / "stores").glob("*.py"))]
-    for f in files:
-        tree = ast.parse(f.read_text())
-        pkg = "shared_core.stores" if f.parent.name == "stores" else "shared_core"
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
-                    mod = f"{base}.{node.module}" if node.module else base
-                else:
-                    mod = node.module or ""
-                in_type_block = any(
-                    isinstance(p, ast.If) and "TYPE_CHECKING" in ast.unparse(p.test) and node in ast.walk(p)
-                    for p in ast.walk(tree)
-                )
-                if in_type_block:
-                    continue
-                names = {a.name for a in node.names}
-                assert mod != "shared_core.base", f"{f.name} imports shared_core.base"
-                assert not (mod == "shared_core" and names - {"types"}), f"{f.name} imports the package"
-                assert mod not in ("shared_core.namespaces",), f"{f.name} imports {mod}"
-
-
-# --------------------------------------------------------------------------- round trips
-@pytest.mark.parametrize("kind", KINDS)
 def test_round_trip(kind, pg_url):
     mem = _open(kind, pg_url, ("alice", "bot"))
     mem.add([Message(message_text(i), id=f"m{i}") for i in range(5)])

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core import SegTreeMem
-from shared_core.base import count_tokens
+from shared_core.memories.base import count_tokens
 from shared_core.models.extractive import ExtractiveSummarizer
 from shared_core.types import (
     EmbeddingError,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core import SegTreeMem
-from shared_core import bench_workloads as W
+from shared_core.bench import workloads as W
 from shared_core.models import extractive as X
 from shared_core.models.extractive import ExtractiveSummarizer
 from shared_core.types import InvalidInputError
@@ -334,7 +334,7 @@ def test_cli_conversation_summariser_option(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from shared_core.eval.command import bench_command
+    from shared_core.bench.command import bench_command
 
     app = typer.Typer()
     app.command("bench")(bench_command)

@@ -239,8 +239,8 @@ def test_xmemory_theme_summaries_reuse_their_facts_vectors(tmp_path):
     vector takes each fact's own vector (its "speaker: sentence" key's) instead of embedding the dated
     text again."""
     from shared_core import XMemory
+    from shared_core.memories.xmemory.memory import SEMANTIC, THEME
     from shared_core.types import Message
-    from shared_core.xmemory.memory import SEMANTIC, THEME
 
     emb = SpanEmbedder()
     x = XMemory(embedder=emb, max_episode_messages=3, dedup_threshold=1.0)  # every fact its own semantic

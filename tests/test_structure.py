@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_core.ranking import best_first
-from shared_core.structure import NodeArrays
-from shared_core.tree import NodeStore
+from shared_core.search.ranking import best_first
+from shared_core.tree.nodes import NodeStore
+from shared_core.tree.structure import NodeArrays
 from tests.test_durable import KINDS, HashEmbedder, make_memory, message_text
 
 

@@ -62,7 +62,9 @@ class HashEmbedder:
 
 
 def _xmemory_cls():
-    return pytest.importorskip("shared_core.xmemory", reason="shared_core.xmemory is not available").XMemory
+    return pytest.importorskip(
+        "shared_core.memories.xmemory", reason="shared_core.memories.xmemory is not available"
+    ).XMemory
 
 
 def _memory(kind: str, texts: Sequence[str] = TEXTS, timestamps: bool = False, dim: int = 32):

@@ -26,19 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core.arrays import positions
-from shared_core.base import count_tokens
-from shared_core.index import inner_products, normalize_rows
-from shared_core.models.openai_models import OpenAIChat
-from shared_core.prompts import xmemory as P
-from shared_core.types import (
-    InvalidInputError,
-    LLMRequiredError,
-    Message,
-    ModelError,
-    UnknownPolicyError,
-    Usage,
-)
-from shared_core.xmemory import (
+from shared_core.memories.base import count_tokens
+from shared_core.memories.xmemory import (
     KNNGraph,
     XMemory,
     bell_regularizer,
@@ -55,7 +44,18 @@ from shared_core.xmemory import (
     sparsity_score,
     theme_cohesion,
 )
-from shared_core.xmemory.retrieval import _Relevance, _top_by_relevance
+from shared_core.memories.xmemory.retrieval import _Relevance, _top_by_relevance
+from shared_core.models.openai_models import OpenAIChat
+from shared_core.prompts import xmemory as P
+from shared_core.search.index import inner_products, normalize_rows
+from shared_core.types import (
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    ModelError,
+    UnknownPolicyError,
+    Usage,
+)
 from tests.openai_server import Reply, openai_server  # noqa: F401
 
 # --------------------------------------------------------------------------- test models
@@ -417,7 +417,7 @@ def _evidence_by_loop(mem: XMemory, rel, p: dict) -> tuple[np.ndarray, dict[int,
 
 
 def test_vectorised_evidence_scores_equal_the_loop():
-    from shared_core.xmemory.retrieval import _Relevance
+    from shared_core.memories.xmemory.retrieval import _Relevance
 
     words = ["bees", "honey", "chess", "cup", "garden", "market", "hives", "sunday"]
     rng = np.random.default_rng(3)

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_core.index import NodeIndex
-from shared_core.relevance import fuse
+from shared_core.memories.xmemory import XMemory
+from shared_core.memories.xmemory import retrieval as R
+from shared_core.memories.xmemory.retrieval import _Relevance
+from shared_core.search.index import NodeIndex
+from shared_core.search.relevance import fuse
 from shared_core.types import InvalidInputError, Message
-from shared_core.xmemory import XMemory
-from shared_core.xmemory import retrieval as R
-from shared_core.xmemory.retrieval import _Relevance
 from tests.test_xmemory import BowEmbedder
 
 WORDS = ["bees", "honey", "chess", "cup", "garden", "market", "hives", "sunday", "river", "boat"]

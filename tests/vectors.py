@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from shared_core.index import normalize_rows
 from shared_core.models.extractive import split_sentences
+from shared_core.search.index import normalize_rows
 
 
 def composes(mem: Any) -> bool:

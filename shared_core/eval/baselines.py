@@ -16,10 +16,10 @@ from typing import Any
 import faiss
 import numpy as np
 
-from ..index import inner_products, top_k, unit_row_norm
-from ..lexical import LexicalIndex
 from ..models.base import Embedder, validate_embeddings
-from ..relevance import DEFAULT_HYBRID_WEIGHT, check_weight, fuse
+from ..search.index import inner_products, top_k, unit_row_norm
+from ..search.lexical import LexicalIndex
+from ..search.relevance import DEFAULT_HYBRID_WEIGHT, check_weight, fuse
 from ..types import (
     AddReport,
     EmbeddingError,
@@ -162,7 +162,7 @@ class _Flat:
 class FlatDense(_Flat):
     """Dense cosine retrieval over single messages (L2-normalised vectors held in a FAISS ``IndexFlatIP``).
 
-    Scores are the memories' dense score (:func:`~shared_core.index.inner_products`: the exact cosine
+    Scores are the memories' dense score (:func:`~shared_core.search.index.inner_products`: the exact cosine
     rounded to float32, the same on every CPU); exact ties go to the earlier message.
 
     Args:
@@ -231,7 +231,7 @@ class FlatDense(_Flat):
 
     def _scores(self, q: np.ndarray) -> np.ndarray:
         """Cosine of the normalised query ``q`` (1, d) with every stored message, insertion order:
-        :func:`~shared_core.index.inner_products`, the memories' dense score (exact, then rounded to
+        :func:`~shared_core.search.index.inner_products`, the memories' dense score (exact, then rounded to
         float32: the same bits on every CPU)."""
         assert self._index is not None
         n, d = self._index.ntotal, self._index.d
@@ -268,7 +268,7 @@ class FlatDense(_Flat):
 
 
 class FlatBM25(_Flat):
-    """BM25 over single messages (bm25s via :class:`~shared_core.lexical.LexicalIndex`).
+    """BM25 over single messages (bm25s via :class:`~shared_core.search.lexical.LexicalIndex`).
 
     Args:
         stem: English Snowball stemming, default ``True`` (LlamaIndex ``BM25Retriever`` defaults);
@@ -404,7 +404,7 @@ class FlatFusion(_Flat):
     over every stored message: ``dense = max(cos, 0)``, ``bm25`` = BM25 score (English stop words and
     Snowball stemming by default, as :class:`FlatBM25`); each is divided by its maximum over the
     messages (a zero maximum leaves it zero) and the score is ``w * dense + (1 - w) * bm25``
-    (:func:`shared_core.relevance.fuse`, the formula of the memories' ``hybrid`` relevance). Hits are
+    (:func:`shared_core.search.relevance.fuse`, the formula of the memories' ``hybrid`` relevance). Hits are
     the best scores first, ties by insertion order.
 
     Args:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..relevance import DEFAULT_HYBRID_WEIGHT
+from ..search.relevance import DEFAULT_HYBRID_WEIGHT
 from .methods import BASELINES, COUNTED_BASELINES, MethodSpec, memory_facts, reference_spec
 from .protocol import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, paired_bootstrap, paired_values
 

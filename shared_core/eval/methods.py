@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..relevance import DEFAULT_HYBRID_WEIGHT, check_weight
+from ..search.relevance import DEFAULT_HYBRID_WEIGHT, check_weight
 from ..types import HierMemError, InvalidInputError, LLMRequiredError, UnknownPolicyError
 
 __all__ = [
@@ -82,7 +82,7 @@ def available_memories() -> dict[str, type]:
     out = dict(memory_classes())
     if "xmemory" not in out:
         try:
-            from ..xmemory import XMemory
+            from ..memories.xmemory import XMemory
         except ImportError:  # pragma: no cover - depends on the installed version
             pass
         else:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..lexical import tokenize
-from ..types import InvalidInputError
+from ..search.lexical import tokenize
+from ..types import InvalidInputError, count_tokens
 
 __all__ = [
     "answer_token_recall",
@@ -25,8 +25,6 @@ __all__ = [
     "rouge_l_recall",
     "span_recall",
 ]
-
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
 def _flatten_ids(retrieved: Sequence[Sequence[str]] | Sequence[str]) -> set[str]:
@@ -144,20 +142,6 @@ def answer_token_recall(answer: str, retrieved_text: str | Sequence[str]) -> flo
     if not isinstance(retrieved_text, str):
         retrieved_text = "\n".join(retrieved_text)
     return len(words & content_words(retrieved_text)) / len(words)
-
-
-def count_tokens(text: str | Sequence[str]) -> int:
-    """Number of tokens, counted as regex word runs and single punctuation marks (``\\w+|[^\\w\\s]``).
-
-    Args:
-        text: a string or a list of strings (counts add up).
-
-    Returns:
-        The token count (int >= 0).
-    """
-    if isinstance(text, str):
-        return len(_TOKEN_RE.findall(text))
-    return sum(len(_TOKEN_RE.findall(t)) for t in text)
 
 
 def mean_by(values: Sequence[float], keys: Sequence[Hashable]) -> dict[Any, float]:

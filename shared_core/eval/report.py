@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .aggregate import LLM_METRICS
+from .compare import COMPARED_METRICS, compare_methods
 from .protocol import QUERY_ROWS_JSONL
 
 __all__ = ["comparison_of", "markdown_table", "plot_results", "write_report"]
@@ -58,8 +60,6 @@ def comparison_of(doc: Mapping[str, Any]) -> dict[str, Any]:
     comp = doc.get("comparison")
     if comp:
         return dict(comp)
-    from .runner import COMPARED_METRICS, LLM_METRICS, compare_methods
-
     llm = doc.get("config", {}).get("llm")
     return compare_methods(doc.get("methods", {}), {}, [*COMPARED_METRICS, *(LLM_METRICS if llm else ())])
 

@@ -13,7 +13,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..index import inner_products, normalize_rows, unit_row_norm
+from ..scores import inner_products, normalize_rows, unit_row_norm
 from ..types import InvalidInputError, UnknownPolicyError, Usage
 from .base import Embedder, validate_embeddings
 
@@ -86,7 +86,7 @@ class ExtractiveSummarizer:
     vectors (each child weighs the same); sentences are taken greedily by cosine to the centroid,
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
     returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
-    Cosines are exactly rounded (:func:`~shared_core.index.inner_products`), the same on every CPU. A
+    Cosines are exactly rounded (:func:`~shared_core.search.index.inner_products`), the same on every CPU. A
     caller whose children change only at the right end keeps a :meth:`pool` per node instead and pays
     for the changed child only (SegTreeMem's frontier does).
 
@@ -177,7 +177,7 @@ class ExtractiveSummarizer:
 
         A memory calls this after a deletion with the sentences of the deleted messages (xMemory: and
         of the texts the deletion rewrote) that none of its live texts still holds (see
-        :meth:`HierarchicalMemory.delete <shared_core.base.HierarchicalMemory.delete>`), so that no
+        :meth:`HierarchicalMemory.delete <shared_core.memories.base.HierarchicalMemory.delete>`), so that no
         forgotten words stay in the process. Dropped are the vectors of every sentence of ``texts``,
         of every cached sentence that holds one of them as a run of whole words (a sentence that ran
         on across texts joined in a summary, such as ``"hello there Bob arrives at 9."`` made of an
@@ -371,7 +371,7 @@ _TOP = 64
 
 def _scores(M: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Cosine of every row of ``M`` (unit rows, float32) with ``c``, exactly rounded to float32
-    (:func:`~shared_core.index.inner_products`): a row's score depends on that row and ``c`` alone,
+    (:func:`~shared_core.search.index.inner_products`): a row's score depends on that row and ``c`` alone,
     never on the other rows, their number or the CPU, so a pool built incrementally and one built from
     scratch rank alike, on every machine."""
     return inner_products(M, c, row_norm=unit_row_norm(M.shape[1]))

@@ -16,7 +16,7 @@ A memory with a store calls it at fixed points of every transaction (see ``Hiera
 - ``clear(mem)``, ``initialize(mem)``, ``meta()``, ``load_into(mem)``, ``close()``.
 
 The encoding of rows is shared (:mod:`shared_core.stores.encoding`); backends differ only in their SQL,
-their locking and their error types. Nothing here imports :mod:`shared_core.base`.
+their locking and their error types. Nothing here imports :mod:`shared_core.memories.base`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..types import InvalidInputError, NamespaceBusyError, PersistenceError, Unk
 from .encoding import check_memory_format, dumps
 
 if TYPE_CHECKING:
-    from ..base import HierarchicalMemory
+    from ..memories.base import HierarchicalMemory
     from ..models.base import LLM, Embedder
 
 __all__ = ["Store", "WriteConflictError", "attach_store", "check_embedder_dim", "open_memory"]

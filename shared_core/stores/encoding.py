@@ -14,7 +14,7 @@ JSON is ASCII (``ensure_ascii``), so a value never holds a NUL byte or a lone su
 would refuse. Nothing is ever unpickled: every value read is checked before it reaches the memory.
 
 This module knows the memory only through its attributes (``_store``, ``_index``, ``_pending``,
-``_get_state`` ...); it never imports :mod:`shared_core.base`.
+``_get_state`` ...); it never imports :mod:`shared_core.memories.base`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..index import NodeIndex, normalize_rows
-from ..tree import Node
+from ..search.index import NodeIndex, normalize_rows
+from ..tree.nodes import Node
 from ..types import PersistenceError, Usage, VersionMismatchError
 
 if TYPE_CHECKING:
-    from ..base import HierarchicalMemory
+    from ..memories.base import HierarchicalMemory
 
 __all__ = [
     "MEMORY_FORMAT",
@@ -452,7 +452,7 @@ def _forgotten_by_others(mem: HierarchicalMemory, nodes: list[Node], gone: set[i
     remove the leaves ``gone`` and write ``nodes``: each removed leaf's text and message text, and, for a
     memory whose internal texts are not made of its messages' sentences (``forget_rewritten``), the
     previous text of every internal node removed or rewritten (as the deleting process itself forgets,
-    see :meth:`~shared_core.forgetting.Forgetting._forgotten_texts`)."""
+    see :meth:`~shared_core.memories.forgetting.Forgetting._forgotten_texts`)."""
     st = mem._store
     out = [
         t

@@ -68,6 +68,8 @@ T = TypeVar("T")
 #: First key of hiermem's advisory locks (``pg_advisory_xact_lock(LOCK_CLASS, namespace id)``; the
 #: namespace id 0 guards the schema setup). ASCII "hier".
 LOCK_CLASS = 0x68696572
+#: The PostgreSQL schema holding the tables.
+SCHEMA = "hiermem"
 #: Seconds to wait for a connection (and, unless told otherwise, for a lock) when the URL has no
 #: ``connect_timeout``.
 DEFAULT_TIMEOUT = 10.0

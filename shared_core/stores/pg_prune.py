@@ -61,6 +61,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .pg_connection import LOCK_CLASS, SCHEMA
+
 if TYPE_CHECKING:  # psycopg is imported when used: postgres.py reports a missing extra itself
     import psycopg
 
@@ -142,7 +144,6 @@ class Registry:
     dead_after: float = DEAD_AFTER
 
     def __init__(self, db: PostgresDatabase) -> None:
-        from .postgres import LOCK_CLASS, SCHEMA
 
         self._schema = SCHEMA
         self._lock_class = LOCK_CLASS

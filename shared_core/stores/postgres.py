@@ -103,6 +103,7 @@ from .encoding import (
 from .namespace import Namespace, NamespaceDeletedError, NamespaceLike, namespace_key, normalize_namespace
 from .pg_connection import (  # raises InvalidInputError without psycopg
     LOCK_CLASS,
+    SCHEMA,
     PostgresConnections,
     first_line,
     parse_url,
@@ -112,7 +113,7 @@ from .pg_writes import NamespaceWrites
 if TYPE_CHECKING:
     import psycopg
 
-    from ..base import HierarchicalMemory
+    from ..memories.base import HierarchicalMemory
 
 __all__ = [
     "FORMAT",
@@ -130,8 +131,6 @@ __all__ = [
 FORMAT = 1
 #: Version of the schema (``hiermem.version``); 2 added ``readers`` (version 1 is upgraded on open).
 SCHEMA_VERSION = 2
-#: The PostgreSQL schema holding the tables.
-SCHEMA = "hiermem"
 #: Seconds a store keeps computing its writes under the namespace's lock after it last met another writer
 #: (a commit overtook its change, or it waited for the lock): while writers collide, computing first
 #: without the lock would mostly be wasted.

@@ -13,7 +13,7 @@ vectors into the memory. A PostgreSQL namespace another process deleted (or dele
 meanwhile raises :class:`~shared_core.stores.namespace.NamespaceDeletedError`, as the memory would have
 had it stayed open.
 
-Nothing here imports :mod:`shared_core.base`.
+Nothing here imports :mod:`shared_core.memories.base`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .base import Store
 from .namespace import NamespaceDeletedError
 
 if TYPE_CHECKING:
-    from ..base import HierarchicalMemory
+    from ..memories.base import HierarchicalMemory
 
 __all__ = ["EvictedStore"]
 

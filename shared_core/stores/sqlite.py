@@ -54,7 +54,7 @@ from .encoding import (
 )
 
 if TYPE_CHECKING:
-    from ..base import HierarchicalMemory
+    from ..memories.base import HierarchicalMemory
 
 __all__ = ["FORMAT", "SYNCHRONOUS", "DurableStore", "SQLiteStore"]
 

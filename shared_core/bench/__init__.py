@@ -1,0 +1,52 @@
+"""``hiermem bench``: what the memories cost (an application above the library).
+
+* :mod:`.core`: algorithm overhead with model calls taken out, and embedded-default throughput;
+* :mod:`.stubs`: the stub models and streams the benchmarks use;
+* :mod:`.namespaces`: evicted namespaces of a ``MemoryStore`` (cold open, RSS per resident message);
+* :mod:`.workloads`: conversation turns, ingest cost, growth with the default summariser;
+* :mod:`.processes`: several processes on one PostgreSQL store.
+
+The names of :mod:`.core` are re-exported here (``from shared_core.bench import run_bench``).
+"""
+
+from .core import (
+    DIM,
+    FirstTextSummarizer,
+    HashSummarizer,
+    PoolEmbedder,
+    ReplayEmbedder,
+    SpanEndsSummarizer,
+    bench_memory,
+    clustered_stream,
+    flat_search_timings,
+    machine_description,
+    memory_profile,
+    namespace_profile,
+    pin_threads,
+    render_markdown,
+    run_bench,
+    stub_memory,
+    throughput,
+    topical_stream,
+)
+
+__all__ = [
+    "DIM",
+    "FirstTextSummarizer",
+    "HashSummarizer",
+    "PoolEmbedder",
+    "ReplayEmbedder",
+    "SpanEndsSummarizer",
+    "bench_memory",
+    "clustered_stream",
+    "flat_search_timings",
+    "machine_description",
+    "memory_profile",
+    "namespace_profile",
+    "pin_threads",
+    "render_markdown",
+    "run_bench",
+    "stub_memory",
+    "throughput",
+    "topical_stream",
+]

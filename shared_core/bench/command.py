@@ -1,0 +1,278 @@
+"""The ``hiermem bench`` command as a plain typer-compatible function.
+
+Register it on a typer app with ``app.command("bench")(bench_command)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from ..eval.command import _console, _fail, _ints, _num
+from ..types import HierMemError
+
+__all__ = ["bench_command"]
+
+
+def bench_command(
+    sizes: str = typer.Option("1000,10000", "--sizes", help="Comma-separated tree sizes in leaves."),
+    full: bool = typer.Option(False, "--full", help="Add 100000 leaves to --sizes."),
+    memories: str = typer.Option(
+        "all", "--memories", help="Comma-separated: segtree, memtree, hat, xmemory (default: all available)."
+    ),
+    queries: int = typer.Option(50, "--queries", min=1, help="Timed queries per size and policy."),
+    window: int | None = typer.Option(
+        None,
+        "--window",
+        min=1,
+        help="Timed single inserts before each size (default 200); with --conversation, timed turns at "
+        "each size (default 100).",
+    ),
+    throughput_turns: int = typer.Option(
+        300,
+        "--throughput-turns",
+        min=0,
+        help="RealMem excerpt turns ingested with the real embedder (0: skip).",
+    ),
+    isolate: bool = typer.Option(
+        True, "--isolate/--no-isolate", help="Run each memory in its own process (clean peak memory)."
+    ),
+    trace_max: int = typer.Option(
+        10_000, "--trace-max", min=0, help="Largest size whose Python allocations tracemalloc measures."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic vector stream."),
+    size_cap: list[str] = typer.Option(
+        [], "--size-cap", help="KIND=N: largest size for one memory (repeatable), e.g. segtree=10000."
+    ),
+    out: Path = typer.Option(Path("hiermem-bench"), "--out", help="Output directory."),
+    postgres: str | None = typer.Option(
+        None,
+        "--postgres",
+        metavar="URL",
+        help="Run ONLY the many-processes benchmark on this PostgreSQL database "
+        "(postgresql://user:password@host:port/dbname): --processes writers add --messages each into one "
+        "shared namespace, then into one namespace each, next to one process on SQLite, then run "
+        "--retrieves retrievals each; one kind from --memories ('all': segtree). Writes processes.json "
+        "and processes.md to --out.",
+    ),
+    processes: str = typer.Option(
+        "1,2,4", "--processes", help="With --postgres: comma-separated process counts."
+    ),
+    messages: int = typer.Option(
+        50, "--messages", min=1, help="With --postgres: messages each process adds (one add each)."
+    ),
+    retrieves: int = typer.Option(
+        20, "--retrieves", min=0, help="With --postgres: retrievals each process runs after its adds."
+    ),
+    conversation: bool = typer.Option(
+        False,
+        "--conversation",
+        help="Run the conversation workload instead: stub models, each memory grown to each of --sizes, "
+        "then --window turns of one add and one retrieve (default policy and relevance, k = 10) next to "
+        "a flat FAISS add + search; p50/p99 CPU ms per turn. Writes workloads.json and workloads.md.",
+    ),
+    streams: str = typer.Option(
+        "topical,random", "--streams", help="With --conversation: comma-separated streams (topical, random)."
+    ),
+    summariser: str = typer.Option(
+        "default",
+        "--summariser",
+        help="With --conversation: 'default' (each memory's own summariser, the extractive one without an "
+        "LLM) or 'standin' (free stand-in summaries: the algorithm's cost alone).",
+    ),
+    ingest: bool = typer.Option(
+        False,
+        "--ingest",
+        help="Run the embedded ingest workload instead (can be combined with --conversation): real turns, "
+        "one add per message, CPU per message as a multiple of embedding the message alone.",
+    ),
+    turns: int = typer.Option(200, "--turns", min=1, help="With --ingest: first turns of each conversation."),
+    locomo: Path | None = typer.Option(
+        None,
+        "--locomo",
+        help="With --ingest: a LoCoMo JSON file (conv-26 is used) besides the RealMem excerpt.",
+    ),
+    ingest_modes: str = typer.Option(
+        "default",
+        "--ingest-modes",
+        help="With --ingest: comma-separated annotation_vectors runs: default (the constructor without "
+        "options), composed, embedded.",
+    ),
+) -> None:
+    """Algorithm overhead without model calls, next to flat FAISS and numpy search; embedded throughput.
+
+    Stub models (precomputed vectors, free summaries) isolate each memory's own cost: insert time per
+    message and retrieval time per query at each size, CPU time beside wall time, BLAS/FAISS pinned to one
+    thread, peak memory; then messages per second with the real local embedder. Writes bench.json,
+    bench.md and bench.png to --out.
+
+    With --postgres URL only the many-processes benchmark runs instead (see docs/storage.md); with
+    --conversation and/or --ingest only those workloads run (see docs/evaluation.md).
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if postgres is not None:
+        _process_bench(postgres, processes, messages, retrieves, memories, out)
+        return
+    from .core import render_markdown, run_bench
+
+    size_list = _ints(sizes, "--sizes") or []
+    if full and 100_000 not in size_list:
+        size_list.append(100_000)
+    caps: dict[str, int] = {}
+    for item in size_cap:
+        kind, _, n = item.partition("=")
+        try:
+            caps[kind.strip()] = int(n)
+        except ValueError:
+            raise typer.BadParameter(f"--size-cap takes KIND=N, e.g. segtree=10000; got {item!r}.") from None
+    mems = (
+        None if memories.strip().lower() == "all" else [m.strip() for m in memories.split(",") if m.strip()]
+    )
+    if conversation or ingest:
+        _workloads_bench(
+            conversation=conversation,
+            ingest=ingest,
+            sizes=size_list,
+            memories=mems,
+            streams=[x.strip() for x in streams.split(",") if x.strip()],
+            summariser=summariser.strip().lower(),
+            window=100 if window is None else window,
+            seed=seed,
+            size_caps=caps,
+            turns=turns,
+            locomo=locomo,
+            modes=[x.strip() for x in ingest_modes.split(",") if x.strip()],
+            isolate=isolate,
+            out=out,
+        )
+        return
+    try:
+        doc = run_bench(
+            sizes=size_list,
+            memories=mems,
+            queries=queries,
+            window=200 if window is None else window,
+            throughput_turns=throughput_turns,
+            isolate=isolate,
+            trace_max=trace_max,
+            seed=seed,
+            size_caps=caps,
+            out=out,
+            progress=lambda msg: _console.print(msg),
+        )
+    except HierMemError as e:
+        raise _fail(e) from None
+    _console.print(render_markdown(doc))
+    _console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+
+
+def _workloads_bench(*, out: Path, isolate: bool, **kw: Any) -> None:
+    """``hiermem bench --conversation`` / ``--ingest``: progress bars, a summary, files in ``out``.
+
+    Without isolation the measured code shares its process with the progress display, which then
+    redraws only when a task advances.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .workloads import run_workloads
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+        auto_refresh=isolate,
+    ) as bars:
+        tasks: dict[str, Any] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bars.add_task(label, total=total)
+            bars.update(tasks[label], completed=done, total=total, refresh=not isolate)
+
+        try:
+            doc = run_workloads(isolate=isolate, out=out, progress=progress, **kw)
+        except HierMemError as e:
+            raise _fail(e) from None
+    _print_workloads_summary(doc)
+    files = doc.get("files", {})
+    _console.print(f"wrote {', '.join(str(out / f) for f in files.values())}")
+
+
+def _print_workloads_summary(doc: dict[str, Any]) -> None:
+    """Short rich tables of a workloads document: p50/p99 CPU ms per turn beside flat, CPU per message."""
+    if doc.get("conversation"):
+        t = Table(title="conversation: CPU ms per turn (add + retrieve)")
+        for c in ("memory", "stream", "leaves", "p50", "p99", "flat p50", "flat p99", "p50 / flat"):
+            t.add_column(c, justify="left" if c in ("memory", "stream") else "right")
+        for kind, by_stream in doc["conversation"]["results"].items():
+            for stream, r in by_stream.items():
+                for s in r["sizes"]:
+                    m, f = s["memory"]["turn"], s["flat"]["turn"]
+                    t.add_row(
+                        kind,
+                        stream,
+                        f"{s['leaves']:,}",
+                        _num(m["p50_ms"]),
+                        _num(m["p99_ms"]),
+                        _num(f["p50_ms"]),
+                        _num(f["p99_ms"]),
+                        "—" if s["ratio_p50"]["turn"] is None else f"{s['ratio_p50']['turn']:.1f}",
+                    )
+        _console.print(t)
+    if doc.get("ingest"):
+        t = Table(title="ingest: CPU per message (one add each), x embedding it alone")
+        for c in ("data", "memory", "vectors", "ms/msg", "x embedding", "texts/msg"):
+            t.add_column(c, justify="left" if c in ("data", "memory", "vectors") else "right")
+        for name, ds in doc["ingest"]["datasets"].items():
+            for kind, by_mode in ds["results"].items():
+                for mode, v in by_mode.items():
+                    t.add_row(
+                        name,
+                        kind,
+                        mode + (" (default)" if v["default"] else ""),
+                        f"{v['cpu_ms_per_message']:.1f}",
+                        "—" if v["ratio"] is None else f"{v['ratio']:.2f}",
+                        f"{v['embedded_texts_per_message']:.2f}",
+                    )
+        _console.print(t)
+
+
+def _process_bench(url: str, processes: str, messages: int, queries: int, memories: str, out: Path) -> None:
+    """``hiermem bench --postgres URL``: the many-processes benchmark, written to ``out``."""
+    import json
+
+    from .processes import run_process_bench, to_markdown
+
+    kinds = [m.strip() for m in memories.split(",") if m.strip()]
+    if memories.strip().lower() == "all" or not kinds:
+        kinds = ["segtree"]
+    if len(kinds) != 1:
+        raise typer.BadParameter(
+            f"--postgres measures one memory: give one kind in --memories, got {memories!r}."
+        )
+    counts = _ints(processes, "--processes")
+    if not counts:
+        raise typer.BadParameter(f"--processes needs at least one process count, got {processes!r}.")
+    try:
+        doc = run_process_bench(
+            url,
+            processes=counts,
+            messages=messages,
+            queries=queries,
+            memory=kinds[0],
+            progress=lambda msg: _console.print(msg),
+        )
+    except HierMemError as e:
+        raise _fail(e) from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "processes.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    md = to_markdown(doc)
+    (out / "processes.md").write_text(md, encoding="utf-8")
+    _console.print(md, soft_wrap=True, markup=False, highlight=False)
+    _console.print(f"wrote {out / 'processes.json'}, {out / 'processes.md'}")

@@ -1,0 +1,425 @@
+"""A lexical (BM25) index over short texts keyed by integer ids: exact Lucene BM25, updated in place.
+
+Tokenisation is bm25s' (English stop words, PyStemmer's Snowball stemmer); scoring is bm25s' default
+(Lucene variant, k1 = 1.5, b = 0.75) computed from postings that an upsert or a removal updates in place,
+so a query after an add costs what a query costs: no rebuild. Document frequencies, the number of
+documents and the mean document length are kept exact, so the scores equal those of a bm25s model
+built from scratch over the same texts (to float32 rounding; ``tests/test_lexical.py`` checks it).
+
+How: each text has a slot (its position); each term has a posting array of ``(slot, tf, generation)``.
+Replacing a text bumps its slot's generation and appends new postings; the old ones no longer count.
+Removing a text kills its slot. Dead postings are dropped by a compaction once they outnumber the live
+ones, so the work stays proportional to the live texts (amortised O(tokens) per upsert).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import bm25s
+import numpy as np
+
+from ..arrays import grow
+from ..types import InvalidInputError
+
+__all__ = ["LexicalIndex", "tokenize"]
+
+_EMPTY_IDS = np.zeros(0, dtype=np.int64)
+_EMPTY_SCORES = np.zeros(0, dtype=np.float32)
+K1 = 1.5
+B = 0.75
+_MIN_CAP = 4
+_DENSE_IDS = 1 << 20  # ids below this (or 4x the texts) also get an array slot for scores_for
+_COMPACT_FLOOR = 4096  # dead postings tolerated before a compaction whatever the live count
+
+
+def _make_stemmer(stem: bool) -> Any:
+    if not stem:
+        return None
+    import Stemmer  # PyStemmer
+
+    return Stemmer.Stemmer("english")
+
+
+def _tokenize(texts: Sequence[str], stopwords: str | None, stemmer: Any) -> list[list[str]]:
+    texts = list(texts)
+    if not texts:
+        return []
+    out = bm25s.tokenize(texts, stopwords=stopwords, stemmer=stemmer, return_ids=False, show_progress=False)
+    return [list(t) for t in out]
+
+
+def tokenize(texts: Sequence[str], *, stem: bool = True, stopwords: str | None = "en") -> list[list[str]]:
+    """Tokenise texts exactly as :class:`LexicalIndex` does.
+
+    Lower-cases, keeps tokens of two or more word characters (bm25s' default pattern
+    ``(?u)\\b\\w\\w+\\b``), drops stop words, and stems with PyStemmer's English Snowball stemmer when
+    ``stem`` is true.
+
+    Args:
+        texts: the texts.
+        stem: apply the English Snowball stemmer, default ``True``.
+        stopwords: a bm25s stop-word list name (``"en"``: its 33 English stop words), or ``None`` for
+            none; default ``"en"``.
+
+    Returns:
+        One list of string tokens per text (possibly empty).
+
+    References:
+        Robertson & Zaragoza (2009), The Probabilistic Relevance Framework: BM25 and Beyond; bm25s
+        (Lù, 2024) tokenizer.
+    """
+    return _tokenize(texts, stopwords, _make_stemmer(stem))
+
+
+def _check_query(query: object) -> None:
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query must be a str, got {type(query).__name__}.")
+
+
+class LexicalIndex:
+    """BM25 index of texts keyed by integer ids (Lucene BM25 as bm25s computes it, k1 = 1.5, b = 0.75).
+
+    Defaults follow LlamaIndex's ``BM25Retriever``: bm25s' English stop words and PyStemmer's English
+    Snowball stemmer applied to both documents and queries. ``LexicalIndex(stem=False)`` is bm25s with
+    its default tokenisation (English stop words, no stemming); ``stopwords=None`` keeps every token.
+
+    For a query with terms ``t`` (repeated terms count again, as in bm25s), a text ``d`` of ``|d|``
+    tokens scores ``sum_t idf(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))`` with
+    ``idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))`` over the ``N`` stored texts (texts without
+    tokens count in ``N`` and ``avgdl``, as they do in a bm25s model built over them).
+
+    Updates are in place: :meth:`upsert` and :meth:`remove` cost O(tokens of the texts touched)
+    (amortised; dead postings are compacted away once they outnumber the live ones), and a query costs
+    O(postings of its terms + stored texts), never a rebuild.
+
+    Args:
+        stem: stem tokens with the English Snowball stemmer, default ``True``.
+        stopwords: bm25s stop-word list name (``"en"``) or ``None`` for no stop words, default ``"en"``.
+
+    Raises:
+        InvalidInputError: ``stopwords`` is not a list name bm25s knows.
+
+    Thread-safe: one lock guards the postings, the stemmer and the statistics.
+
+    References:
+        Robertson & Zaragoza (2009), BM25; Kamphuis et al. (ECIR 2020), "Which BM25 do you mean?"
+        (Lucene variant); bm25s (Lù, 2024) ``method="lucene"``; LlamaIndex
+        ``llama_index.retrievers.bm25.BM25Retriever`` defaults.
+    """
+
+    def __init__(self, stem: bool = True, stopwords: str | None = "en") -> None:
+        if stopwords is not None:
+            try:
+                bm25s.tokenize(["x"], stopwords=stopwords, show_progress=False, return_ids=False)
+            except ValueError:
+                raise InvalidInputError(
+                    f"Unknown stop-word list {stopwords!r}; pass 'en' (English) or None."
+                ) from None
+        self.stem = bool(stem)
+        self.stopwords = stopwords
+        self._stemmer = _make_stemmer(self.stem)
+        self._tokens: dict[int, list[str]] = {}  # id -> tokens, in first-insertion order
+        self._lock = threading.RLock()
+        self.compactions = 0  # times the postings were compacted (for tests and benchmarks)
+        self._clear_postings()
+
+    def _clear_postings(self) -> None:
+        self._vocab: dict[str, int] = {}
+        self._post: list[np.ndarray] = []  # term -> int64 (cap, 3): slot, tf, generation
+        self._post_n: list[int] = []  # term -> postings used
+        self._post_dead: list[int] = []  # term -> postings of replaced or removed texts among them
+        self._df = np.zeros(0, dtype=np.int64)  # term -> live texts holding it
+        self._slot_id = np.zeros(0, dtype=np.int64)  # slot -> id
+        self._slot_len = np.zeros(0, dtype=np.float64)  # slot -> tokens
+        self._slot_gen = np.zeros(0, dtype=np.int64)  # slot -> generation (-1: dead)
+        self._n_slots = 0
+        self._slot_of: dict[int, int] = {}
+        self._slot_by_id = np.full(0, -1, dtype=np.int64)  # id -> slot for ids in [0, len)
+        self._total_len = 0
+        self._live_postings = 0
+        self._dead_postings = 0
+
+    # ------------------------------------------------------------------ updates
+    def upsert(self, ids: Sequence[int], texts: Sequence[str]) -> None:
+        """Add texts, or replace the texts of ids already present (they keep their position).
+
+        Args:
+            ids: integer ids, one per text, distinct.
+            texts: strings.
+
+        Raises:
+            InvalidInputError: lengths differ, an id is not an integer or repeats, a text is not a str.
+                Nothing is changed in that case.
+        """
+        ids = list(ids)
+        texts = list(texts)
+        if len(ids) != len(texts):
+            raise InvalidInputError(
+                f"upsert got {len(ids)} ids and {len(texts)} texts; pass one id per text."
+            )
+        clean: list[int] = []
+        for i, t in zip(ids, texts):
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise InvalidInputError(f"Lexical ids must be integers, got {type(i).__name__}.")
+            if not isinstance(t, str):
+                raise InvalidInputError(f"Lexical texts must be strings, got {type(t).__name__}.")
+            clean.append(int(i))
+        if len(set(clean)) != len(clean):
+            raise InvalidInputError("upsert got the same id twice; pass each id once.")
+        if not clean:
+            return
+        with self._lock:  # PyStemmer stemmers are not thread-safe: tokenise under the lock
+            toks = _tokenize(texts, self.stopwords, self._stemmer)
+            for i, t in zip(clean, toks):
+                self._put(i, t)
+            self._maybe_compact()
+
+    def remove(self, ids: Iterable[int]) -> None:
+        """Remove ids; ids not present are ignored."""
+        with self._lock:
+            for i in ids:
+                i = int(i)
+                if i in self._tokens:
+                    slot = self._slot_of.pop(i)
+                    tokens = self._tokens.pop(i)
+                    self._retire(slot, tokens)
+                    self._drop_unused(tokens)
+                    self._slot_gen[slot] = -1
+                    if 0 <= i < len(self._slot_by_id):
+                        self._slot_by_id[i] = -1
+            self._maybe_compact()
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __contains__(self, i: object) -> bool:
+        return isinstance(i, (int, np.integer)) and int(i) in self._tokens
+
+    # ------------------------------------------------------------------ postings
+    def _retire(self, slot: int, tokens: list[str]) -> None:
+        """Take a slot's current text out of the statistics (its postings become dead)."""
+        terms = set(tokens)
+        for t in terms:
+            tid = self._vocab[t]
+            self._df[tid] -= 1
+            self._post_dead[tid] += 1
+        self._total_len -= len(tokens)
+        self._live_postings -= len(terms)
+        self._dead_postings += len(terms)
+
+    def _put(self, i: int, tokens: list[str]) -> None:
+        slot = self._slot_of.get(i)
+        if slot is None:
+            slot = self._n_slots
+            self._n_slots += 1
+            self._slot_id = grow(self._slot_id, self._n_slots)
+            self._slot_len = grow(self._slot_len, self._n_slots)
+            self._slot_gen = grow(self._slot_gen, self._n_slots)
+            self._slot_id[slot] = i
+            self._slot_gen[slot] = 0
+            self._slot_of[i] = slot
+            if 0 <= i < max(_DENSE_IDS, 4 * self._n_slots):  # sparse or huge ids stay in the dict only
+                self._slot_by_id = grow(self._slot_by_id, i + 1, fill=-1)
+                self._slot_by_id[i] = slot
+            old = None
+        else:
+            old = self._tokens[i]
+            self._retire(slot, old)
+            self._slot_gen[slot] += 1
+        self._tokens[i] = tokens
+        self._slot_len[slot] = len(tokens)
+        self._total_len += len(tokens)
+        self._post_text(slot, int(self._slot_gen[slot]), tokens)
+        if old:
+            self._drop_unused(old)
+
+    def _drop_unused(self, tokens: list[str]) -> None:
+        """Take terms no live text holds any more out of the vocabulary, so that no word of a removed
+        or replaced text stays in the index (their dead postings go at the next compaction; the term
+        gets a fresh id if it comes back)."""
+        vocab = self._vocab
+        for t in set(tokens):
+            tid = vocab.get(t)
+            if tid is not None and self._df[tid] == 0:
+                del vocab[t]
+
+    def _post_text(self, slot: int, gen: int, tokens: list[str]) -> None:
+        counts = Counter(tokens)
+        vocab = self._vocab
+        for t, tf in counts.items():
+            tid = vocab.get(t)
+            if tid is None:
+                tid = vocab[t] = len(self._post)
+                self._post.append(np.empty((_MIN_CAP, 3), dtype=np.int64))
+                self._post_n.append(0)
+                self._post_dead.append(0)
+                self._df = grow(self._df, tid + 1, fill=0)
+            n = self._post_n[tid]
+            arr = self._post[tid] = grow(self._post[tid], n + 1, minimum=_MIN_CAP)
+            arr[n, 0] = slot
+            arr[n, 1] = tf
+            arr[n, 2] = gen
+            self._post_n[tid] = n + 1
+            self._df[tid] += 1
+        self._live_postings += len(counts)
+
+    def _maybe_compact(self) -> None:
+        if self._dead_postings > max(self._live_postings, _COMPACT_FLOOR):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the postings from the live texts, in their order (drops dead slots and postings)."""
+        tokens = self._tokens
+        self._clear_postings()
+        for i, t in tokens.items():
+            self._put(i, t)
+        self.compactions += 1
+
+    # ------------------------------------------------------------------ scoring
+    def _slot_scores(self, query: str) -> np.ndarray:
+        """``float64 (n_slots,)`` BM25 scores of every slot (dead slots score 0)."""
+        n = self._n_slots
+        out = np.zeros(n, dtype=np.float64)
+        N = len(self._tokens)
+        if N == 0 or self._total_len == 0:
+            return out
+        avgdl = self._total_len / N
+        q = _tokenize([query], self.stopwords, self._stemmer)[0]
+        gen = self._slot_gen[:n]
+        for t, times in Counter(x for x in q if x).items():
+            tid = self._vocab.get(t)
+            if tid is None or self._df[tid] == 0:
+                continue
+            df = float(self._df[tid])
+            idf = math.log(1.0 + (N - df + 0.5) / (df + 0.5))
+            p = self._post[tid][: self._post_n[tid]]
+            if self._post_dead[tid]:  # drop the term's dead postings once, not at every query
+                p = p[p[:, 2] == gen[p[:, 0]]]
+                self._post[tid][: len(p)] = p
+                self._dead_postings -= self._post_n[tid] - len(p)
+                self._post_n[tid], self._post_dead[tid] = len(p), 0
+            slots = p[:, 0]
+            tf = p[:, 1].astype(np.float64)
+            dl = self._slot_len[slots]
+            out[slots] += (times * idf) * tf / (tf + K1 * (1.0 - B + B * dl / avgdl))
+        return out
+
+    def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 scores of ``query`` against every stored text.
+
+        Args:
+            query: the query string.
+
+        Returns:
+            ``(ids, scores)``: ``int64`` array ``(n,)`` of ids in insertion order (a replaced text keeps
+            its place) and ``float32`` array ``(n,)`` of scores (0 where no query term occurs; all
+            zeros when the query has no known token); two empty arrays when the index is empty.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        _check_query(query)
+        with self._lock:
+            if not self._tokens:
+                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
+            n = self._n_slots
+            live = self._slot_gen[:n] >= 0
+            return self._slot_id[:n][live].copy(), self._slot_scores(query)[live].astype(np.float32)
+
+    def scores_for(self, query: str, ids: np.ndarray) -> np.ndarray:
+        """BM25 scores of ``query`` for the given ids, aligned with them (0 for ids not stored).
+
+        The vectorised form of :meth:`scores` for a caller that holds its own id order (e.g. the rows
+        of a vector index): O(postings of the query terms + len(ids)) with no Python loop over ids.
+
+        Args:
+            query: the query string.
+            ids: ``int64`` array ``(n,)`` of ids.
+
+        Returns:
+            ``float32`` array ``(n,)``.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        _check_query(query)
+        ids = np.asarray(ids, dtype=np.int64)
+        with self._lock:
+            out = np.zeros(len(ids), dtype=np.float32)
+            if not self._tokens or len(ids) == 0:
+                return out
+            s = self._slot_scores(query)
+            m = self._slot_by_id
+            if int(ids.min()) >= 0 and int(ids.max()) < len(m):
+                slots = m[ids]
+            else:
+                inside = (ids >= 0) & (ids < len(m))
+                slots = np.full(len(ids), -1, dtype=np.int64)
+                slots[inside] = m[ids[inside]]
+            for j in np.flatnonzero(slots < 0).tolist():  # ids kept only in the dict, or not stored
+                slots[j] = self._slot_of.get(int(ids[j]), -1)
+            ok = slots >= 0
+            out[ok] = s[slots[ok]]
+            return out
+
+    def nonzero(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """The ids whose BM25 score for ``query`` is above 0 and their scores, ids ascending.
+
+        The same scores as :meth:`scores` (O(postings of the query terms + stored texts)), without the
+        ids that score 0.
+
+        Returns:
+            ``(ids int64 (m,), scores float32 (m,))``.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        _check_query(query)
+        with self._lock:
+            if not self._tokens:
+                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
+            s = self._slot_scores(query)
+            slots = np.flatnonzero(s > 0)  # a dead slot scores 0
+            ids = self._slot_id[slots]
+            if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # slots mostly follow the ids
+                order = np.argsort(ids, kind="stable")
+                ids, slots = ids[order], slots[order]
+            return ids, s[slots].astype(np.float32)
+
+    def top_k(self, query: str, k: int, subset: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best-scoring ids for ``query``, best first.
+
+        Ties (including zero scores) are broken by insertion order, earliest first, so ``k`` ids are
+        returned whenever at least ``k`` texts are admissible.
+
+        Args:
+            query: the query string.
+            k: how many ids (>= 1).
+            subset: restrict to these ids (unknown ids are ignored); ``None`` = all.
+
+        Returns:
+            ``(ids, scores)``: ``int64`` and ``float32`` arrays of length ``min(k, admissible)``.
+
+        Raises:
+            InvalidInputError: ``k`` < 1 or ``query`` is not a string.
+        """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+        with self._lock:
+            ids, sc = self.scores(query)
+            if subset is not None:
+                keep = {int(i) for i in subset}
+                sel = np.fromiter((int(i) in keep for i in ids.tolist()), dtype=bool, count=len(ids))
+                ids, sc = ids[sel], sc[sel]
+        if ids.size == 0:
+            return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
+        order = np.argsort(-sc, kind="stable")[: int(k)]
+        return ids[order], sc[order]
+
+    def __repr__(self) -> str:
+        return f"LexicalIndex(stem={self.stem}, stopwords={self.stopwords!r}, size={len(self)})"

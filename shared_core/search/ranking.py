@@ -1,0 +1,533 @@
+"""The ranking layer every memory shares: local relevance, propagation, filters and budgets over nodes.
+
+:class:`Ranking` is a mixin of :class:`~shared_core.memories.base.HierarchicalMemory`: the one relevance layer
+(``dense`` / ``bm25`` / ``hybrid``), relevance propagated over the memory's tree, the admissible,
+filtered and budgeted candidate lists of a retrieval, and the hits made from them. Each memory adds its
+own structure and policies on top.
+
+Rankings do not depend on the CPU: every dense score is :func:`~shared_core.search.index.inner_products` (the
+exact cosine rounded to float32, the same bits whichever rows are scored and whatever the SIMD width or
+BLAS kernel), and every cut of a ranking (:func:`best_first`, :func:`~shared_core.search.index.top_k`) breaks
+exact ties by node id, ascending. Only which nodes the approximate first stage
+(:meth:`Ranking._relevance_candidates`) proposes can differ between machines, at its margin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..models.base import validate_embeddings
+from ..types import Hit, UnknownPolicyError, count_tokens
+from .ann import NeighbourSearch
+from .filters import MessageFilter
+from .index import normalize_rows
+from .relevance import check_weight, fuse
+
+if TYPE_CHECKING:
+    from ..models.base import Embedder
+    from ..tree.nodes import NodeStore
+    from ..tree.structure import NodeArrays
+    from ..types import Usage
+    from .index import NodeIndex
+
+__all__ = [
+    "ADMISSIBLE",
+    "Candidates",
+    "RELEVANCE_KINDS",
+    "Ranking",
+    "TokenBudget",
+    "best_first",
+    "check_choice",
+    "count_tokens",
+]
+
+#: lists of the IVF index over every node visited per query (:meth:`Ranking._node_search`)
+NODE_SEARCH_NPROBE = 32
+
+#: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
+RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
+#: admissible sets of a ranking: every node with text, or message leaves only
+ADMISSIBLE = ("all", "leaves")
+
+
+def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
+    """Return ``value`` when it is one of ``choices``.
+
+    Raises:
+        UnknownPolicyError: naming the accepted values.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise UnknownPolicyError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+    return value
+
+
+def best_first(ids: np.ndarray, scores: np.ndarray, pos: np.ndarray | None = None) -> Iterator[int]:
+    """Positions in best-first order — score descending, ties by node id ascending — produced lazily.
+
+    Equal to ``pos[np.lexsort((ids[pos], -scores[pos]))]`` walked from the front, but a walk that stops
+    after a few candidates sorts only a prefix: the best ``m`` (every position scoring at least the
+    ``m``-th best score, so ties are whole) are selected with ``argpartition`` and sorted, and ``m`` grows
+    eightfold only when the walk goes on past them. A top-k walk over ``n`` nodes costs O(n), not
+    O(n log n).
+
+    Args:
+        ids: node ids ``int64 (n,)``. scores: ``float (n,)``.
+        pos: positions to walk (default all), e.g. the admissible ones.
+
+    Yields:
+        Positions into ``ids`` / ``scores``.
+    """
+    pos = np.arange(len(ids)) if pos is None else np.asarray(pos, dtype=np.int64)
+    m = 64
+    while len(pos):
+        if len(pos) <= m:
+            yield from pos[np.lexsort((ids[pos], -scores[pos]))].tolist()
+            return
+        neg = -scores[pos]
+        cut = np.partition(neg, m - 1)[m - 1]
+        head = neg <= cut
+        part = pos[head]
+        yield from part[np.lexsort((ids[part], -scores[part]))].tolist()
+        pos = pos[~head]
+        m *= 8
+
+
+class TokenBudget:
+    """A greedy budget of returned text: a text is taken when it fits in what is left.
+
+    The rule of ``retrieve(max_tokens=...)``: candidates are walked best first and one that would exceed
+    the budget is skipped (the walk goes on, a shorter one may still fit). Policies that pick their own
+    candidates walk with the same rule, so a budget never leaves a retrieval short of candidates.
+
+    Args:
+        max_tokens: the budget in tokens (:func:`count_tokens`), or ``None`` for no budget.
+    """
+
+    def __init__(self, max_tokens: int | None) -> None:
+        self.max_tokens = max_tokens
+        self.used = 0
+
+    def take(self, text: str) -> bool:
+        """Whether ``text`` fits in what is left; when it does, it is counted as used."""
+        if self.max_tokens is None:
+            return True
+        t = count_tokens(text)
+        if self.used + t > self.max_tokens:
+            return False
+        self.used += t
+        return True
+
+    @property
+    def spent(self) -> bool:
+        """Whether nothing more can fit (only under a budget)."""
+        return self.max_tokens is not None and self.used >= self.max_tokens
+
+
+@dataclasses.dataclass
+class Candidates:
+    """The first stage of one query's relevance over candidates (:meth:`Ranking._relevance_candidates`).
+
+    ``ids`` are the approximate ``m`` nearest nodes by cosine (from the IVF index over every indexed
+    node) and, for ``hybrid``, the ``m`` best by BM25 (with every node tied with the ``m``-th). BM25
+    itself is exact and sparse: ``bm_ids`` are every node with a score above 0, ``maxb`` their
+    largest score.
+    """
+
+    ids: np.ndarray  # int64 (c,), distinct
+    qvec: np.ndarray  # float32 (d,), normalised
+    kind: str  # "dense" or "hybrid"
+    weight: float
+    bm_ids: np.ndarray  # int64, ascending
+    bm: np.ndarray  # float32, their BM25 scores
+    maxb: float
+
+    def bm25(self, nids: np.ndarray) -> np.ndarray:
+        """BM25 scores of node ids (0 for a node without a query term), float32."""
+        nids = np.asarray(nids, dtype=np.int64)
+        if not len(self.bm_ids):
+            return np.zeros(len(nids), np.float32)
+        j = np.minimum(np.searchsorted(self.bm_ids, nids), len(self.bm_ids) - 1)
+        return np.where(self.bm_ids[j] == nids, self.bm[j], 0.0).astype(np.float32)
+
+
+class Ranking:
+    """Mixin: the shared ranking of :class:`~shared_core.memories.base.HierarchicalMemory` (see the
+    module)."""
+
+    # set by HierarchicalMemory.__init__
+    embedder: Embedder
+    relevance_kind: str
+    hybrid_weight: float
+    _store: NodeStore
+    _index: NodeIndex | None
+    _lexical: Any
+    _lex_dirty: set[int]
+    _lex_removed: set[int]
+    _query_usage: Usage
+    _arrays: NodeArrays
+    _structure_cache: tuple[tuple[int, int], Any] | None
+    _max_tokens: int | None
+    _allowed: set[int] | None
+    _version: int
+    _ns: NeighbourSearch | None
+    _ns_of: NodeIndex | None
+    _ns_dirty: set[int]
+
+    if TYPE_CHECKING:
+
+        def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit: ...
+
+    def _embed_query(self, query: str) -> np.ndarray:
+        t0 = time.perf_counter()
+        raw = self.embedder.embed([query])
+        dim = self._index.dim if self._index is not None else None
+        v = normalize_rows(validate_embeddings(raw, 1, dim))[0]
+        self._query_usage.embed_calls += 1
+        self._query_usage.embedded_texts += 1
+        self._query_usage.seconds += time.perf_counter() - t0
+        return v
+
+    def _lexical_index(self) -> Any:
+        """The BM25 index over node texts, brought up to date with the tree on demand."""
+        from .lexical import LexicalIndex
+
+        st = self._store
+        if self._lexical is None:
+            self._lexical = LexicalIndex()
+            self._lex_dirty = {i for i, n in st.nodes.items() if n.text}
+            self._lex_removed = set()
+        if self._lex_removed:
+            self._lexical.remove(sorted(self._lex_removed))
+        up = sorted(i for i in self._lex_dirty if i in st.nodes and st.nodes[i].text)
+        if up:
+            self._lexical.upsert(up, [st.nodes[i].text for i in up])
+        self._lex_dirty, self._lex_removed = set(), set()
+        return self._lexical
+
+    def relevance(
+        self,
+        query: str,
+        kind: str | None = None,
+        hybrid_weight: float | None = None,
+        qvec: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Local relevance ``R(q, text(v)) >= 0`` of every indexed node: the one relevance layer of all
+        memories (each adds its own structure on top).
+
+        Args:
+            query: the query text.
+            kind: ``"dense"`` (``max(cos, 0)`` of query and node embeddings, the papers' scorer),
+                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming) or
+                ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
+                ``w * dense + (1 - w) * bm25``); default ``None`` = the memory's ``relevance``.
+            hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1]; default ``None`` = the memory's.
+            qvec: a precomputed normalised query vector (optional).
+
+        Returns:
+            ``(ids int64 (n,), r float32 (n,))`` over every node that has text, in index row order.
+
+        Raises:
+            UnknownPolicyError: an unknown ``kind``.
+            InvalidInputError: ``hybrid_weight`` outside ``[0, 1]``.
+        """
+        kind = self.relevance_kind if kind is None else check_choice(kind, RELEVANCE_KINDS, "relevance")
+        hybrid_weight = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
+        if self._index is None or len(self._index) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        dense = None
+        if kind in ("dense", "hybrid"):
+            if qvec is None:
+                qvec = self._embed_query(query)
+            ids, cos = self._index.scores_all(qvec)  # the ids come back copied, in row order
+            dense = np.maximum(cos, 0.0).astype(np.float32)
+            if kind == "dense":
+                return ids, dense
+        else:
+            ids = self._index.ids.copy()
+        bm = self._lexical_index().scores_for(query, ids)
+        if kind == "bm25":
+            return ids, bm
+        assert dense is not None
+        return ids, fuse(dense, bm, hybrid_weight)
+
+    # ------------------------------------------------------------------ approximate first stage
+    def _search_max(self) -> int | None:
+        """The most indexed nodes a retrieval scores exhaustively; past it, policies that can use
+        :meth:`_relevance_candidates` do. Default ``None``: always exhaustive (subclasses override)."""
+        return None
+
+    def _node_search(self) -> NeighbourSearch | None:
+        """The IVF index over every indexed node, brought up to date, or ``None`` while the index holds
+        at most :meth:`_search_max` nodes (or the memory searches exhaustively).
+
+        Kept from the vectors committed since the last call (:meth:`_vectors_written`); trained again
+        as :class:`~shared_core.search.ann.NeighbourSearch` decides; started afresh when the node index object
+        changes (a load, a reset)."""
+        idx = self._index
+        limit = self._search_max()
+        if idx is None or limit is None:
+            self._ns = None
+            return None
+        ns = self._ns
+        if ns is None or self._ns_of is not idx or ns.exact_max != limit:
+            ns = self._ns = NeighbourSearch(limit, nprobe=NODE_SEARCH_NPROBE, codes="sq8", lists_per_sqrt=1.0)
+            self._ns_of, self._ns_dirty = idx, set()
+        dirty = sorted(self._ns_dirty)
+        used = ns.sync(
+            len(idx),
+            lambda: (idx.ids, idx.matrix()),
+            gone=[i for i in dirty if i not in idx],
+            live=[i for i in dirty if i in idx],
+            vectors=idx.get,
+        )
+        self._ns_dirty = set()
+        return ns if used else None
+
+    def _relevance_candidates(
+        self, query: str, kind: str, weight: float, m: int, qvec: np.ndarray
+    ) -> Candidates | None:
+        """The first stage of a retrieval that scores candidates instead of every node.
+
+        Args:
+            query: the query text. kind: ``"dense"`` or ``"hybrid"`` (``"bm25"`` is exact and sparse
+                already: ``None``). weight: ``w`` of ``hybrid``. m: candidates from each of the two lists.
+            qvec: the normalised query vector, float32 ``(d,)``.
+
+        Returns:
+            :class:`Candidates`, or ``None`` when there is no node search (:meth:`_node_search`) or the
+            kind is ``"bm25"``.
+        """
+        if kind == "bm25":
+            return None
+        ns = self._node_search()
+        if ns is None:
+            return None
+        found = ns.search(qvec, m)[0]
+        found = found[found >= 0]
+        bm_ids, bm = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if kind == "hybrid":
+            bm_ids, bm = self._lexical_index().nonzero(query)
+        maxb = float(bm.max()) if len(bm) else 0.0
+        top = bm_ids if len(bm) <= m else bm_ids[bm >= np.partition(bm, len(bm) - m)[len(bm) - m]]
+        return Candidates(np.union1d(found, top), qvec, kind, weight, bm_ids, bm, maxb)
+
+    def _relevance_on(self, c: Candidates, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Relevance of the nodes ``ids`` (the candidates among them) for the query of ``c``.
+
+        Cosines by :meth:`~shared_core.search.index.NodeIndex.scores_at` (bitwise the values of the exhaustive
+        scan, :meth:`~shared_core.search.index.NodeIndex.scores_all`, on every CPU). ``hybrid`` divides the
+        dense part by its maximum over ``ids`` (the nearest
+        node is among them as far as the index finds it) and BM25 by its exact maximum over every
+        node: the values :meth:`relevance` gives these nodes when the index finds the nearest.
+
+        Returns:
+            ``(ids int64 (the indexed ones) in index row order, r float32)``.
+        """
+        assert self._index is not None
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = self._index.rows(ids.tolist())
+        order = np.argsort(rows, kind="stable")
+        order = order[rows[order] >= 0]
+        ids, rows = ids[order], rows[order]
+        cos = self._index.scores_at(rows, c.qvec)
+        dense = np.maximum(cos, 0.0).astype(np.float32)
+        if c.kind == "dense":
+            return ids, dense
+        maxd = float(dense.max()) if len(dense) else 0.0
+        return ids, fuse(dense, c.bm25(ids), c.weight, maxima=(maxd, c.maxb))
+
+    def _propagated_scores(
+        self,
+        ids: np.ndarray,
+        r: np.ndarray,
+        direction: str,
+        alpha: float,
+        horizon: int,
+        *,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """Relevance propagated over this memory's tree (SegTreeMem's Algorithm 2 on any tree).
+
+        The finite-horizon mixture ``sum_k alpha^k W^k s0 / sum_k alpha^k`` with ``s0 = r / sum(r)`` over
+        the indexed nodes, where ``W`` moves a node's score to its children (``top_down``; whole with
+        ``normalize=False``, split equally with ``True``) or to its parent (``bottom_up``). Nodes without
+        text (e.g. MemTree's structural root) carry no score and are skipped: their children count as
+        roots. Each step is a gather or a scatter-add over the parent positions (cached per tree version).
+
+        Args:
+            ids: indexed node ids ``int64 (n,)`` as :meth:`relevance` returns them.
+            r: local relevance ``(n,)``, non-negative.
+            direction: ``"top_down"`` or ``"bottom_up"``.
+            alpha: decay in ``[0, 1)``. horizon: ``H >= 0``.
+            normalize: split a parent's score among its children (the paper's operator).
+
+        Returns:
+            ``float64 (n,)`` propagated scores, aligned with ``ids``.
+
+        Raises:
+            InvalidInputError: ``alpha`` outside ``[0, 1)`` or a negative ``horizon``.
+            UnknownPolicyError: an unknown direction.
+
+        References:
+            SegTreeMem paper, Sec. 4.3.1, Eq. (3)-(4), Appendix A Algorithm 2.
+        """
+        from ..tree.propagation import propagate_parents
+
+        r = np.asarray(r, dtype=np.float64)
+        total = float(r.sum())
+        s0 = r / total if total > 0 else np.full(len(r), 1.0 / max(len(r), 1))
+        if horizon == 0 or len(ids) == 0:
+            return propagate_parents(np.full(len(r), -1), s0, direction, alpha, 0)
+        parent = self._structure(ids)[0]
+        return propagate_parents(parent, s0, direction, alpha, horizon, normalize=normalize)
+
+    def _path(self, nid: int) -> list[int]:
+        """Ids of the node's ancestors that carry text, from the top down (its path in the tree)."""
+        nodes = self._store.nodes
+        return [a for a in reversed(self._store.ancestors(nid)) if nodes[a].text]
+
+    def _leaf_mask(self, ids: np.ndarray) -> np.ndarray:
+        """``bool (n,)``: which of the node ids are message leaves."""
+        self._arrays.sync(self._store)
+        return self._arrays.leaf[np.asarray(ids, dtype=np.int64)]
+
+    def _structure(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(parent_pos, leaf, level_gap)`` of the indexed node ids ``ids`` (in index row order).
+
+        ``parent_pos[j]`` is the position in ``ids`` of node ``j``'s parent (``-1`` for a root or a
+        parent without text, whose children then count as roots), ``leaf`` the leaf mask and
+        ``level_gap[j]`` the parent's level minus the node's minus one (SegTreeMem: the single-child
+        copies between them). Vectorised over :class:`~shared_core.tree.structure.NodeArrays`; cached per
+        tree version.
+        """
+        if self._index is None or len(ids) != len(self._index):  # a part of the nodes: not cached
+            return self._arrays.aligned(self._store, ids)
+        key = (self._version, len(ids))
+        cached = self._structure_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = self._arrays.aligned(self._store, ids)
+        self._structure_cache = (key, out)
+        return out
+
+    def _drawn_leaves(self, nid: int) -> Iterable[int]:
+        """Leaves outside a node's subtree whose messages its text draws on (none in a tree).
+
+        Overridden where a node is written from messages that are not below it (xMemory's facts)."""
+        return ()
+
+    def _allowed_nodes(self, flt: MessageFilter) -> set[int]:
+        """Ids of the nodes a filter lets through: a leaf whose message matches, or any other node whose
+        every leaf below it (and every leaf of :meth:`_drawn_leaves`) matches. ``O(nodes)``."""
+        nodes = self._store.nodes
+        ok: dict[int, bool] = {}
+
+        def leaf_ok(lid: int) -> bool:
+            if lid not in ok:
+                n = nodes.get(lid)
+                ok[lid] = n is not None and n.is_leaf and flt.matches(n.message)
+            return ok[lid]
+
+        for start in nodes:
+            stack = [start]
+            while stack:
+                nid = stack[-1]
+                if nid in ok:
+                    stack.pop()
+                    continue
+                node = nodes[nid]
+                pending = [c for c in node.children if c not in ok and c in nodes]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                stack.pop()
+                if node.is_leaf:
+                    v = flt.matches(node.message) and all(ok.get(c, True) for c in node.children)
+                else:
+                    v = all(ok.get(c, True) for c in node.children)
+                ok[nid] = v and all(leaf_ok(lid) for lid in self._drawn_leaves(nid))
+        return {nid for nid, v in ok.items() if v}
+
+    def _allowed_mask(self, ids: np.ndarray) -> np.ndarray | None:
+        """``bool (n,)``: which node ids the filter of the retrieve under way lets through (``None``: all)."""
+        allowed = self._allowed
+        if allowed is None:
+            return None
+        return np.fromiter((int(i) in allowed for i in ids.tolist()), dtype=bool, count=len(ids))
+
+    def _ranked(
+        self,
+        ids: np.ndarray,
+        scores: np.ndarray,
+        k: int,
+        meta: dict[str, Any],
+        admissible: np.ndarray | None = None,
+        then: np.ndarray | None = None,
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Candidates best first (ties by node id), one per distinct text, over the admissible positions.
+
+        Returns at least ``3k + 8`` candidates when there are that many (room for repeated texts);
+        under the ``max_tokens`` budget of the retrieve under way, as many more as it takes until ``k``
+        of them fit in the budget together (walked as :meth:`_to_hits` does) or the budget is spent.
+
+        Args:
+            ids: node ids ``int64 (n,)``; scores: ``float (n,)``; k: the hit budget.
+            meta: metadata given to every candidate (copied).
+            admissible: ``bool (n,)`` mask of the positions that may be returned (default all).
+            then: ``bool (n,)`` mask of fallback positions, ranked by a walk of their own and appended
+                only when the admissible positions ran out first (a walk that stopped early already
+                holds every hit :meth:`_to_hits` can take).
+        """
+        allowed = self._allowed_mask(ids)
+        if allowed is not None:
+            admissible = allowed if admissible is None else admissible & allowed
+        pos = np.nonzero(admissible)[0] if admissible is not None else None
+        nodes = self._store.nodes
+        out: list[tuple[int, float, dict[str, Any]]] = []
+        seen: set[str] = set()
+        budget = TokenBudget(self._max_tokens)
+        fitting = 0
+        for j in best_first(ids, scores, pos):
+            text = nodes[int(ids[j])].text
+            if text in seen:  # e.g. a single-child node repeats its child's text
+                continue
+            seen.add(text)
+            out.append((int(ids[j]), float(scores[j]), dict(meta)))
+            fitting += budget.take(text)
+            if len(out) >= 3 * k + 8 and (fitting >= k or budget.spent or budget.max_tokens is None):
+                return out
+        return out if then is None else out + self._ranked(ids, scores, k, meta, then)
+
+    def _to_hits(
+        self, cands: Sequence[tuple[int, float, dict[str, Any]]], k: int, max_tokens: int | None
+    ) -> list[Hit]:
+        """Hits from ranked candidates: distinct texts, at most ``k``, within ``max_tokens``.
+
+        A candidate whose metadata names the node it ``stands_for`` (e.g. xMemory's fact standing for
+        its message) is taken only when that node was not (a budget had no room for it).
+        """
+        hits: list[Hit] = []
+        seen: set[str] = set()
+        taken: set[int] = set()
+        budget = TokenBudget(max_tokens)
+        for nid, score, meta in cands:
+            node = self._store.nodes.get(int(nid))
+            if node is None or not node.text or node.text in seen:
+                continue
+            if meta.get("stands_for") in taken:
+                continue
+            if self._allowed is not None and int(nid) not in self._allowed:
+                continue
+            if not budget.take(node.text):
+                continue
+            seen.add(node.text)
+            taken.add(int(nid))
+            hits.append(self.hit(int(nid), float(score), meta))
+            if len(hits) >= k:
+                break
+        return hits
