@@ -14,7 +14,8 @@ How the blocks run:
 - ``python``: the blocks of one page share one namespace and one temporary working directory, in page
   order, because a page's blocks build on each other (``mem``, ``index``, ``create_agent`` imported by an
   earlier block). A test case first runs the page's earlier unskipped blocks that have not run yet in
-  this process (so ``-k`` on one block works), then its own block; an exception fails it.
+  this process (so ``-k`` on one block works), then its own block; an exception fails it (and, as
+  "an earlier block fails", the page's later blocks).
 - Models: the embedded embedder is the real ``LocalEmbedder``; constructing one with no arguments returns
   the test session's instance (``local_embedder``) instead of loading it again. OpenAI clients (hiermem's
   ``OpenAIChat`` / ``OpenAIEmbedder``, LangChain's, LlamaIndex's) reach the repository's OpenAI-protocol
@@ -220,7 +221,10 @@ def test_doc_block(block: Block, request, tmp_path_factory, docs_env) -> None:
             ]
             for b in earlier:
                 if b.line not in page.done:
-                    _run_python(b, page, request)
+                    try:
+                        _run_python(b, page, request)
+                    except Exception as e:
+                        pytest.fail(f"an earlier block of this page, {b.id}, fails: {type(e).__name__}: {e}")
                     page.done.add(b.line)
             page.done.discard(block.line)
             _run_python(block, page, request)

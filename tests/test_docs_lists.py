@@ -26,6 +26,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.test_docs_examples import BLOCKS, DOC_FILES, ROOT, SHELL
 
 README = ROOT / "README.md"
@@ -312,3 +314,43 @@ def test_middleware_options_bullet() -> None:
         assert name in params, f"HierMemMiddleware has no option {name}"
     for name, value in re.findall(r"`(\w+)` \([^)]*?default (\d+)", m.group(1)):
         assert params[name].default == int(value), f"{name}: docs {value}, code {params[name].default}"
+
+
+def test_mcp_tools_list() -> None:
+    """README's bullet list of MCP tools: every registered tool, with its parameters and defaults."""
+    from shared_core import mcp_server
+
+    text = _prose(README).replace("\n", " ")
+    start = text.index("Tools (bad arguments come back as tool errors")
+    listed = re.findall(r"- `(\w+)\(([^)]*)\)` →", text[start : text.index("## ", start)])
+    registered = re.findall(r"add_tool\(\s*tools\.(\w+)", inspect.getsource(mcp_server.build_server))
+    assert [name for name, _ in listed] == registered
+    for name, args in listed:
+        params = list(inspect.signature(getattr(mcp_server.HierMemTools, name)).parameters.values())[1:]
+        shown = [a.strip() for a in args.split(",") if a.strip()]
+        assert [s.split("=")[0] for s in shown] == [p.name for p in params], f"{name}: {shown} vs {params}"
+        for s, p in zip(shown, params):
+            if "=" in s:
+                assert ast.literal_eval(s.split("=", 1)[1]) == p.default, f"{name}: {s} vs {p}"
+            else:
+                assert p.default is inspect.Parameter.empty, f"{name}: {p.name} has a default"
+
+
+def test_extras_named_in_the_docs_exist() -> None:
+    """Every ``hiermem[extra,...]`` of the docs is an extra of pyproject.toml, and docs/langchain.md's
+    extras table names classes that ``langchain_hiermem`` exports."""
+    import langchain_hiermem
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = set(tomllib.loads(_text(ROOT / "pyproject.toml"))["project"]["optional-dependencies"])
+    named = set()
+    for path in DOC_FILES:
+        for group in re.findall(r"hiermem\[([\w,-]+)\]", _text(path)):
+            named.update(group.split(","))
+    assert named and named <= extras, f"extras the docs name but pyproject.toml lacks: {named - extras}"
+    table = re.findall(r"^\| `hiermem\[(\w+)\]` \| [^|]+ \| ([^|]+) \|$", _text(DOCS / "langchain.md"), re.M)
+    assert {extra for extra, _ in table} == {"langchain", "agents", "legacy"}
+    for _, gives in table:
+        for name in re.findall(r"`(\w+)`", gives):
+            assert name in langchain_hiermem.__all__, f"langchain_hiermem does not export {name}"
