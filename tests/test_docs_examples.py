@@ -287,3 +287,13 @@ def test_doc_python_names_are_defined(page: Path, tmp_path) -> None:
     assert proc.returncode == 0, (
         f"undefined names in the python blocks of {page.name}:\n{proc.stdout}{proc.stderr}"
     )
+
+
+def test_every_marker_belongs_to_a_code_block() -> None:
+    """A skip marker that no longer sits right before a code block (moved text, a block turned into
+    ```text) would skip nothing or hide a change: each one must mark a code block."""
+    for path in DOC_FILES:
+        markers = len(MARKER.findall(path.read_text(encoding="utf-8")))
+        marked = [b for b in extract_blocks(path) if b.skip is not None]
+        assert all(b.lang in CODE_LANGS for b in marked), [b.id for b in marked if b.lang not in CODE_LANGS]
+        assert markers == len(marked), f"{path.name}: {markers} markers, {len(marked)} of them before a block"
