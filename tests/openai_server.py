@@ -13,7 +13,8 @@ Usage::
 Replies are served from a queue in order; when it is empty, chat answers ``default_chat`` (a string or a
 callable ``request_json -> str | Reply``, default ``"OK"``) and embeddings are deterministic unit
 vectors from a hash of each text (``embed_dim`` dimensions, default 8, or the request's ``dimensions``).
-Every request body is recorded. Tokens are counted by whitespace split.
+Every request body is recorded. Tokens are counted by whitespace split. An embeddings ``input`` may be
+token arrays (lists of token ids), as the OpenAI API allows; each is embedded as its ids joined by spaces.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ ChatDefault = Union[str, Callable[[dict[str, Any]], Union[str, Reply]]]
 
 def _tokens(text: str) -> list[str]:
     return text.split()
+
+
+def _is_token_array(value: Any) -> bool:
+    """A non-empty list of token ids, as the embeddings endpoint accepts besides strings."""
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
 
 def hash_embedding(text: str, dim: int) -> list[float]:
@@ -246,10 +252,12 @@ class OpenAITestServer:
 
     def _embed_body(self, req: dict[str, Any], r: Reply) -> dict[str, Any]:
         inputs = req.get("input")
-        if isinstance(inputs, str):
+        if isinstance(inputs, str) or _is_token_array(inputs):
             inputs = [inputs]
-        if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
-            raise _BadRequest("'input' must be a string or a list of strings.")
+        if not isinstance(inputs, list) or not all(isinstance(t, str) or _is_token_array(t) for t in inputs):
+            raise _BadRequest("'input' must be a string, a list of strings or token arrays.")
+        # token arrays (what LangChain's OpenAIEmbeddings sends) are embedded as their text form
+        inputs = [t if isinstance(t, str) else " ".join(map(str, t)) for t in inputs]
         if any(t == "" for t in inputs):
             raise _BadRequest("'input' must not contain empty strings.")
         dim = req.get("dimensions") or self.embed_dim
