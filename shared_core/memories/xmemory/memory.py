@@ -106,49 +106,19 @@ class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
     episode priority follow the authors' code (HU-xiaobai/xMemory, ``xMemory_search_framework.py``)
     where the paper is silent.
 
-    **Departures from the paper, and why** (embedded defaults, no LLM; LoCoMo dev, 231 questions,
-    k = 10; RealMem Kenta_Tanaka, 153 questions asked online; ``hiermem eval`` unless marked "dev
-    harness", a script ranking the same saved memories with the options varied):
+    **Departures from the paper** (each measured in ``docs/evaluation.md``, "xMemory: departures from
+    the paper, measured"):
 
-    * The default policy is ``top_down``, not ``adaptive``: without an LLM the paper's selection
-      returns themes and semantics rather than the evidence turns, and a ``k`` cap cuts the episodes
-      it admits; ``adaptive`` reaches evidence recall@10 (message hits) 0.535 on LoCoMo and 0.537 on
-      RealMem, ``top_down`` 0.660 and 0.604, the best flat baseline (dense + BM25 fusion) 0.625 and
-      0.563.
-    * ``relevance="hybrid"``: MiniLM cosine alone misses the names and dates questions ask for;
-      ``top_down`` over dense relevance reaches 0.53 on LoCoMo, over hybrid 0.66 (dev harness).
-    * Relevance flows from a semantic to the messages it comes from (``fact_weight`` 0.6): a fact is
-      one sentence of its message, and its relevance picks the message out of a long turn; against
-      the same hybrid ranking of the messages without a tree (flat fusion) it adds 0.035 on LoCoMo
-      and 0.042 on RealMem; weights 0.5-0.8 all gain on both (dev harness). ``episode_weight`` stays
-      0: 0.3 gains 0.026 on LoCoMo, whose evidence turns sit together, but loses 0.028 on RealMem,
-      whose evidence is whole sessions and where it crowds the hits into fewer of them (dev harness).
-      ``top_down`` does not gate by Stage II: ranking the messages of the admitted episodes first
-      gained 0.011 (LoCoMo) and 0.001 (RealMem) and would cost a reader call per probe whenever an LLM
-      is configured (dev harness).
-    * Under a token budget a message that does not fit is replaced by its fact (``admissible="all"``,
-      the default): answer-token recall at ``max_tokens=400`` on LoCoMo 0.51 against 0.45 for messages
-      only and 0.43 for flat fusion (dev harness; the dated fact carries the date temporal questions
-      ask for).
-    * Under a token budget a message that has no semantic only because it was not distilled (its
-      episode is open, or the ``max_facts`` cap of its episode kept other sentences) while the fact rule
-      accepts one of its sentences takes its own relevance as its fact term (``fact_fallback=
-      "budget"``; ``"never"`` is the former ranking). With the cap, the fact term also ranks a message
-      by whether its sentences won the cap, which favours long, fact-rich turns: at k = 10 without a
-      budget that helps on RealMem (session recall@10 0.604, 0.559 with ``"always"``; LoCoMo 0.660,
-      0.694 with ``"always"``), but under a budget every returned token counts. At ``max_tokens=400``
-      answer-token recall on RealMem Kenta is 0.380 against 0.365 with ``"never"`` and 0.373 for flat
-      fusion (session recall 0.377 against 0.389), on LoCoMo 0.509 against 0.513 (evidence recall 0.674
-      against 0.635); at 200-800 tokens on RealMem it gains 0.007-0.016 answer-token recall at every
-      budget (dev harness).
-    * Hits are ordered by score and ``k`` is exact (the paper returns its context as sections): ordered
-      by stage, a ``k`` cap cut the evidence first, and LangChain's retriever contract asks for ``k``
-      documents. ``adaptive`` / ``representative`` with ``k=None`` keep the paper's selection size.
-    * Without a reader the uncertainty is a proxy that never rises when a node is added, so every
-      probed episode passes the gate (the tolerance and early stop matter only with log-probabilities).
-    * LLM-free theme summaries are at most ``summary_chars`` = 200 characters (about two facts; the
-      App. C theme prompt asks for a concise topic): ``adaptive`` then returns 319 instead of 381
-      tokens per LoCoMo question at k = 10, answer-token recall 0.58 instead of 0.61 (dev harness).
+    * the default policy is ``top_down`` (the evidence messages), not ``adaptive``;
+    * ``relevance="hybrid"`` (dense + BM25), not cosine alone;
+    * relevance flows from a semantic to the messages it comes from (``fact_weight``), not from the
+      episode (``episode_weight`` 0); ``top_down`` does not gate by Stage II;
+    * under a token budget a message that does not fit is replaced by its fact (``admissible="all"``),
+      and an undistilled message whose sentence the fact rule accepts counts its own relevance as its
+      fact term (``fact_fallback="budget"``);
+    * hits are ordered by score and ``k`` is exact (``k=None`` keeps the paper's selection size);
+    * without a reader the uncertainty is a proxy that never rises, so every probed episode passes;
+    * LLM-free theme summaries are at most ``summary_chars`` = 200 characters.
 
     The paper's retrieval, exactly: ``XMemory(relevance="dense", policy="adaptive",
     admissible="all")`` with a ``reader`` that returns log-probabilities, ``retrieve(query)`` (``k=None``);
@@ -164,11 +134,9 @@ class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
         boundary: ``"auto"`` (LLM when ``llm`` is given, else rule), ``"llm"`` or ``"rule"``.
         max_episode_messages: length cap of an episode in messages, default 12 (App. C: 10-15).
         min_episode_messages: messages before the drift rule may cut, default 2.
-        drift_threshold: cosine below which the rule cuts, default 0.4. Measured on the LoCoMo dev
-            conversations with all-MiniLM-L6-v2 over ``"speaker: text"``: a message's cosine to the mean
-            of the previous (up to 6) messages of its session has median 0.62 and 5th percentile 0.41,
-            so 0.4 cuts at the sharpest few percent of turns; an embedder with another similarity scale
-            needs its own value.
+        drift_threshold: cosine below which the rule cuts, default 0.4 (for all-MiniLM-L6-v2: about
+            the 5th percentile of a message's cosine to its session's previous messages; an embedder
+            with another similarity scale needs its own value).
         time_gap_minutes: a gap above this cuts (rule), default 30 (App. C).
         max_facts: facts per episode at most, default 8.
         dedup_threshold: cosine at or above which a new fact merges into an existing semantic,
@@ -186,13 +154,10 @@ class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
             index (:class:`~shared_core.search.ann.NeighbourSearch`: ``2 sqrt(n)`` lists, 8 visited): fact
             deduplication, theme attachment, merge candidates, the objective's nearest themes and the
             kNN graphs' rows. ``None``: every similarity at any size (the paper's exact construction,
-            and what memories saved before this option do). Exhaustive search makes an add linear in
-            the number of themes: 52 ms at 100k messages on the bench's random stream against 1.3 ms at
-            1k (``hiermem bench --conversation``); the default keeps every memory of up to 8192
-            semantics and themes exact (the LoCoMo and RealMem dev conversations have at most about
-            1,100 themes). The same size bounds ``top_down`` retrieval: past ``exact_search_max``
-            indexed nodes it scores candidates from an IVF index over every node instead of every
-            node (``top_down`` above).
+            and what memories saved before this option do). The same size bounds ``top_down``
+            retrieval: past it, candidates from an IVF index over every node are scored instead of
+            every node (``top_down`` above). Costs at scale: ``docs/evaluation.md``, "xMemory past 8,192
+            semantics or themes".
         eps: the MAD offset of Eq. 3, default 0.01.
         policy: default retrieval policy, ``"top_down"`` (default), ``"adaptive"``, ``"representative"``
             or ``"collapsed"``.
@@ -200,13 +165,10 @@ class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
             ``"bm25"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
-            :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"composed"``, with
-            the
-            default extractive summariser's sentence vectors pooled from each message's own forward
-            pass (``sentence_vectors="pooled"``): the same ``top_down`` recall as ``"embedded"`` on
-            LoCoMo dev and RealMem Kenta (Kenta at 400 tokens: answer-token recall 0.379 against
-            0.380) for a third of the CPU per add (25.5 against 75.3 ms on LoCoMo conv-26).
-            Memories saved before this default keep ``"embedded"``.
+            :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"composed"``,
+            from the default extractive summariser's sentence vectors pooled from each message's own
+            forward pass (``sentence_vectors="pooled"``; ``docs/evaluation.md``, "Sentence vectors from
+            the message's own forward pass"). Memories saved before this default keep ``"embedded"``.
         admissible: what may be returned: ``"all"`` (default; ``top_down``: messages and, under a
             budget, their facts; the other policies: every level) or ``"leaves"`` (messages only).
         episode_weight: ``top_down`` weight of the episode's relevance in a message's score, >= 0,
