@@ -76,7 +76,8 @@ def _finish(t: threading.Thread, out: dict[str, Any], timeout: float = 120.0) ->
     return out.get("value")
 
 
-# --------------------------------------------------------------------------- module structure
+# --------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("kind", KINDS)
 def test_round_trip(kind, pg_url):
     mem = _open(kind, pg_url, ("alice", "bot"))
     mem.add([Message(message_text(i), id=f"m{i}") for i in range(5)])
