@@ -1,25 +1,25 @@
-"""A scriptable OpenAI-protocol HTTP server for tests (chat completions and embeddings).
+"""A scriptable OpenAI-protocol HTTP server in the process (chat completions and embeddings).
 
-Usage::
+``hiermem bench --llm-cost`` drives the memories' LLM modes through it, and the test suite uses it
+(``tests/openai_server.py`` wraps it in a pytest fixture). Usage::
 
-    from tests.openai_server import Reply, openai_server  # the fixture
-
-    def test_x(openai_server):
-        openai_server.script_chat("first answer", Reply(status=429, headers={"Retry-After": "0.01"}))
-        llm = OpenAIChat("test-model", base_url=openai_server.base_url)
+    with ScriptedOpenAIServer() as server:
+        server.script_chat("first answer", Reply(status=429, headers={"Retry-After": "0.01"}))
+        llm = OpenAIChat("test-model", base_url=server.base_url)
         ...
-        assert openai_server.chat_requests()[0]["messages"][-1]["content"] == "..."
+        assert server.chat_requests()[0]["messages"][-1]["content"] == "..."
 
 Replies are served from a queue in order; when it is empty, chat answers ``default_chat`` (a string or a
 callable ``request_json -> str | Reply``, default ``"OK"``) and embeddings are deterministic unit
 vectors from a hash of each text (``embed_dim`` dimensions, default 8, or the request's ``dimensions``).
-Every request body is recorded. Tokens are counted by whitespace split. An embeddings ``input`` may be
-token arrays (lists of token ids), as the OpenAI API allows; each is embedded as its ids joined by spaces.
+Every request body is recorded, and every answered request's usage in :attr:`~ScriptedOpenAIServer.served`.
+Tokens are counted by ``token_counter`` (default: whitespace split; the ``usage`` of each answer reports
+them). An embeddings ``input`` may be token arrays (lists of token ids), as the OpenAI API allows; each is
+embedded as its ids joined by spaces.
 """
 
 from __future__ import annotations
 
-import atexit
 import base64
 import hashlib
 import json
@@ -32,9 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Union
 
 import numpy as np
-import pytest
 
-__all__ = ["OpenAITestServer", "Reply", "hash_embedding", "openai_server"]
+__all__ = ["Reply", "ScriptedOpenAIServer", "hash_embedding", "whitespace_tokens"]
 
 # Longest delay a scripted reply may ask for, in seconds (keeps every test bounded).
 MAX_DELAY = 10.0
@@ -73,6 +72,11 @@ def _tokens(text: str) -> list[str]:
     return text.split()
 
 
+def whitespace_tokens(text: str) -> int:
+    """Tokens of ``text`` counted by whitespace split (the server's default ``token_counter``)."""
+    return len(text.split())
+
+
 def _is_token_array(value: Any) -> bool:
     """A non-empty list of token ids, as the embeddings endpoint accepts besides strings."""
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
@@ -94,8 +98,9 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-class OpenAITestServer:
-    """``ThreadingHTTPServer`` on 127.0.0.1 (free port) speaking enough of the OpenAI protocol for tests.
+class ScriptedOpenAIServer:
+    """``ThreadingHTTPServer`` on 127.0.0.1 (free port) speaking enough of the OpenAI protocol for
+    tests and benchmarks.
 
     Endpoints: ``POST /v1/chat/completions``, ``POST /v1/embeddings`` (also without ``/v1``),
     ``GET /v1/models``.
@@ -105,6 +110,13 @@ class OpenAITestServer:
         requests: ``(path, json_body)`` of every request, in arrival order.
         default_chat: answer when the chat queue is empty (str or callable ``request -> str | Reply``).
         embed_dim: dimension of hash embeddings when the request gives no ``dimensions`` (default 8).
+        token_counter: ``text -> int``, how the ``usage`` of an answer counts tokens (default
+            :func:`whitespace_tokens`); a chat request's prompt tokens are the sum over its messages'
+            contents (no per-message framing tokens).
+        served: one dict per request answered with status 200 and a generated body, in answer order:
+            ``endpoint`` (``"chat"`` or ``"embeddings"``), ``prompt_tokens``, ``completion_tokens`` (as
+            the answer's ``usage`` reports them), ``prompt_chars`` (characters of the message contents or
+            inputs), ``completion_chars`` and ``system`` (a chat request's system message, else ``""``).
     """
 
     def __init__(self) -> None:
@@ -115,6 +127,8 @@ class OpenAITestServer:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.default_chat: ChatDefault = "OK"
         self.embed_dim = 8
+        self.token_counter: Callable[[str], int] = whitespace_tokens
+        self.served: list[dict[str, Any]] = []
         self._n = 0
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._httpd.daemon_threads = True
@@ -145,13 +159,15 @@ class OpenAITestServer:
             self._embed.extend(replies)
 
     def reset(self) -> None:
-        """Clear both queues and the request record; restore ``default_chat`` and ``embed_dim``."""
+        """Clear both queues and the records; restore ``default_chat``, ``embed_dim``, ``token_counter``."""
         with self._lock:
             self._chat.clear()
             self._embed.clear()
             self.requests.clear()
+            self.served.clear()
             self.default_chat = "OK"
             self.embed_dim = 8
+            self.token_counter = whitespace_tokens
 
     def requests_to(self, endpoint: str) -> list[dict[str, Any]]:
         """Bodies of the recorded requests whose path ends with ``endpoint`` (e.g. ``"/embeddings"``)."""
@@ -181,7 +197,7 @@ class OpenAITestServer:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> OpenAITestServer:
+    def __enter__(self) -> ScriptedOpenAIServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -203,12 +219,20 @@ class OpenAITestServer:
 
     def _chat_body(self, req: dict[str, Any], r: Reply) -> dict[str, Any]:
         text = r.text
-        prompt_tokens = sum(
-            len(_tokens(_content_text(m.get("content"))))
-            for m in req.get("messages", [])
-            if isinstance(m, dict)
-        )
+        contents = [_content_text(m.get("content")) for m in req.get("messages", []) if isinstance(m, dict)]
+        count = self.token_counter
+        prompt_tokens = sum(count(c) for c in contents)
+        completion_tokens = count(text or "")
         toks = _tokens(text or "")
+        first = req.get("messages", [None])[0] if req.get("messages") else None
+        system = (
+            _content_text(first.get("content"))
+            if isinstance(first, dict) and first.get("role") == "system"
+            else ""
+        )
+        self._served(
+            "chat", prompt_tokens, completion_tokens, sum(map(len, contents)), len(text or ""), system
+        )
         logprobs = None
         if req.get("logprobs"):
             values = r.logprobs if r.logprobs is not None else [-0.1] * len(toks)
@@ -238,10 +262,22 @@ class OpenAITestServer:
             ],
             "usage": {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": len(toks),
-                "total_tokens": prompt_tokens + len(toks),
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+    def _served(self, endpoint: str, pt: int, ct: int, pc: int, cc: int, system: str) -> None:
+        row = {
+            "endpoint": endpoint,
+            "prompt_tokens": pt,
+            "completion_tokens": ct,
+            "prompt_chars": pc,
+            "completion_chars": cc,
+            "system": system,
+        }
+        with self._lock:
+            self.served.append(row)
 
     def _embed_reply(self) -> Reply:
         with self._lock:
@@ -273,7 +309,8 @@ class OpenAITestServer:
             }
             for i, v in enumerate(vecs)
         ]
-        n_tokens = sum(len(_tokens(t)) for t in inputs)
+        n_tokens = sum(self.token_counter(t) for t in inputs)
+        self._served("embeddings", n_tokens, 0, sum(map(len, inputs)), 0, "")
         return {
             "object": "list",
             "data": data,
@@ -364,27 +401,3 @@ class OpenAITestServer:
 
 class _BadRequest(Exception):
     pass
-
-
-# --------------------------------------------------------------------------- fixture
-_SHARED: OpenAITestServer | None = None
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_server() -> OpenAITestServer:
-    """The process-wide server behind the ``openai_server`` fixture (started on first use)."""
-    global _SHARED
-    with _SHARED_LOCK:
-        if _SHARED is None:
-            _SHARED = OpenAITestServer()
-            atexit.register(_SHARED.close)
-        return _SHARED
-
-
-@pytest.fixture
-def openai_server() -> Any:
-    """A reset :class:`OpenAITestServer` (one server per test process, cleared before and after each test)."""
-    server = shared_server()
-    server.reset()
-    yield server
-    server.reset()
