@@ -525,9 +525,12 @@ def render_llm_cost_markdown(doc: dict[str, Any]) -> str:
         f"{doc['data']['queries_per_conversation']}. Tokens: {doc['tokenizer']} (message contents, no "
         f"chat framing). Embedder: {doc['embedder']}. Price: {price}.",
         "",
-        "Answers come from a deterministic stand-in model (summaries are truncations of what they "
-        "summarise to the length the prompt asks for; decisions follow word overlap), so calls and prompt "
-        "tokens are the memories' own and completion tokens are the stand-in's.",
+        "Answers come from a deterministic stand-in model (summaries: the first words of each summarised "
+        "part, cut to the length the prompt asks for; segment and episode decisions: the embedder's cosine "
+        "at SegTreeMem's 0.25 and xMemory's 0.4 thresholds; the HAT agent walks to the leaf sharing most "
+        "words with the question), so calls and prompt tokens are the memories' own and completion tokens "
+        "are the stand-in's. 'memory = server': the usage the memory reported equals what the server "
+        "answered.",
         "",
         "## Construction, per message added",
         "",

@@ -5,23 +5,25 @@ prompt of the four memories, without a model.
 :class:`~shared_core.bench.openai_server.ScriptedOpenAIServer`: it reads the request's system message to
 know which prompt it answers (:data:`PROMPT_KINDS`) and answers in the format that prompt asks for, so
 that every memory takes the path it would take with a real model (no parse failures, no fallbacks).
-Decisions follow the word overlap of the texts involved, summaries are truncations of what they
-summarise to the length their prompt asks for:
+Summaries are the first words of each summarised part, cut to the length the prompt asks for; decisions
+follow the embedder's cosine (given one) or the word overlap of the texts involved:
 
-* SegTreeMem pointwise: ``MERGE`` when at least ``merge_overlap`` of the utterance's content words are in
-  the candidate, else ``CONTINUE``; batch: the first (most specific) candidate passing that test, else
-  ``SPLIT``; annotations: the children's text cut to the prompt's word budget.
-* MemTree aggregation (and the rebuild after a deletion): the new entry then the existing summary, cut to
+* SegTreeMem pointwise: ``MERGE`` when the utterance is similar enough to the candidate (cosine >=
+  ``segment_cosine``, else at least ``merge_overlap`` of its content words in it), else ``CONTINUE``;
+  batch: the first (most specific) candidate passing that test, else ``SPLIT``; annotations: a summary of
+  the children within the prompt's word budget.
+* MemTree aggregation (and the rebuild after a deletion): the new entry and the existing summary within
   ``summary_words``.
-* HAT aggregation: the children cut to 150 words (the prompt's "about 150 words"); the memory agent walks
+* HAT aggregation: the children within 150 words (the prompt's "about 150 words"); the memory agent walks
   down, at each node to the child whose preview shares most content words with the question (the first
   on a tie), and answers ``sufficient`` at a leaf; the BFS/DFS sufficiency question: ``YES`` when the node
   holds at least half of the question's content words.
 * xMemory boundaries: a new episode when the new message's timestamp differs from the last one of the
-  episode (a new session) or when under ``merge_overlap`` of its content words occur in the episode;
-  episode records: a title of the first 12 words and the conversation cut to 200 words, with the first
-  timestamp in ISO form; facts: up to 3 sentences of at least 5 words from the episodes; theme summaries:
-  the statements cut to 30 words; the reader: the first 8 words of the memory sentence sharing most
+  episode (a new session) or when it is not similar enough to the episode (cosine below
+  ``episode_cosine``, else under ``merge_overlap`` of its content words in it); episode records: a title
+  of the first 12 words and the conversation cut to 200 words, with the first timestamp in ISO form;
+  facts: up to 3 sentences of at least 5 words from the episodes; theme summaries: the statements within
+  30 words; the reader: the first 8 words of the memory sentence sharing most
   content words with the question, with log-probabilities ``-2 (1 - c)`` per answer word, ``c`` the
   share of the question's content words found in the memories.
 
