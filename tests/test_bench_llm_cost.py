@@ -146,7 +146,7 @@ def test_hat_agent_walks_root_to_leaf(server):
     # M = 4: five leaves make two parents under a root, depth 2; the stand-in's walk goes down twice
     # and answers "sufficient" at the leaf: three agent calls per question
     r = measure_memory("hat", [_conversation(5)], server, _embedder(), queries=2)
-    assert r["stats"]["max_depth"] == 2
+    assert [t["max_depth"] for t in r["trees"]] == [2]
     assert r["by_prompt"]["hat.agent"]["calls"] == 2 * 3
     assert r["query"]["server"]["calls"] == 3
     agent = [b for b in server.chat_requests() if prompt_kind(b["messages"][0]["content"]) == "hat.agent"]

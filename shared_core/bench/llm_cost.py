@@ -61,6 +61,7 @@ LLM_COST_MEMORIES: dict[str, str] = {
 """The measured configurations (memory constructor defaults otherwise) and their query policies."""
 
 _QUERY_POLICY = {"hat": "agent", "xmemory": "adaptive"}
+_SHAPE = ("nodes", "leaves", "internal_nodes", "max_depth", "mean_branching")
 
 PAPER_FIGURES: dict[str, dict[str, str]] = {
     "segtree_pointwise": {
@@ -281,7 +282,8 @@ def measure_memory(
         means of ``calls``, ``prompt_tokens``, ``completion_tokens``, ``prompt_chars``,
         ``completion_chars``; ``memory``: totals the memory reported; ``server_totals``; ``match``: the
         two agree), ``calls_per_message`` percentiles (p50, p95, max), ``by_prompt`` (server calls and
-        tokens per prompt kind), ``stats`` (the last memory's shape) and ``seconds``.
+        tokens per prompt kind), ``trees`` (each conversation's tree: ``nodes``, ``leaves``,
+        ``internal_nodes``, ``max_depth``, ``mean_branching``) and ``seconds``.
 
     Raises:
         InvalidInputError: an unknown ``name`` or a bad count.
@@ -301,7 +303,7 @@ def measure_memory(
     mem_build, mem_ask = Usage(), Usage()
     per_message: list[int] = []
     n_msgs = n_q = 0
-    stats: dict[str, Any] = {}
+    trees: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     total = sum(
         min(len(c.messages), messages or len(c.messages)) + min(len(c.queries), queries)
@@ -344,7 +346,8 @@ def measure_memory(
                 done += 1
                 if progress:
                     progress(name, done, total)
-            stats = mem.stats()
+            st = mem.stats()
+            trees.append({"conversation": conv.id, **{k: st.get(k) for k in _SHAPE}})
     finally:
         llm.close()
     by_prompt: dict[str, dict[str, int]] = {}
@@ -390,9 +393,7 @@ def measure_memory(
         },
         "by_prompt": by_prompt,
         "responder_counts": dict(responder.counts),
-        "stats": {
-            k: stats.get(k) for k in ("nodes", "leaves", "internal_nodes", "max_depth", "mean_branching")
-        },
+        "trees": trees,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -567,6 +568,17 @@ def render_llm_cost_markdown(doc: dict[str, Any]) -> str:
         for kind, b in sorted(r["by_prompt"].items()):
             lines.append(
                 f"| {n} | {kind} | {b['calls']:,} | {b['prompt_tokens']:,} | {b['completion_tokens']:,} |"
+            )
+    lines += ["", "## Trees built", ""]
+    lines += [
+        "| memory | conversation | leaves | nodes | max depth | mean branching |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for n, r in doc["results"].items():
+        for t in r.get("trees", []):
+            lines.append(
+                f"| {n} | {t['conversation']} | {t['leaves']:,} | {t['nodes']:,} | {t['max_depth']} | "
+                f"{_f(t['mean_branching'])} |"
             )
     lines += ["", "## The papers' own figures", "", "| memory | per message | per query | source |"]
     lines.append("|---|---|---|---|")
