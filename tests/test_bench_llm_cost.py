@@ -154,6 +154,19 @@ def test_hat_agent_walks_root_to_leaf(server):
     assert [a.split()[0] for a in actions] == ["down", "down", "sufficient"] * 2
 
 
+def test_memtree_aggregates_every_node_on_the_path_but_the_root(server):
+    # one vector for every text: each message descends to the deepest leaf, whose place a new internal
+    # node takes, so message i lands at depth i and aggregates the i - 1 nodes between it and the root
+    # (MemTree Sec. 3.1: every parent on the path; the root holds no content)
+    same = ReplayEmbedder({}, dim=16, unknown="fixed")
+    r = measure_memory("memtree", [_conversation(6)], server, same, queries=1)
+    assert r["construction"]["memory"]["calls"] == 0 + 1 + 2 + 3 + 4 + 5
+    assert r["calls_per_message"]["max"] == 5 and r["calls_per_message"]["p50"] == 2.5
+    assert [t["max_depth"] for t in r["trees"]] == [6]
+    assert r["query"]["memory"]["calls"] == 0
+    assert set(r["by_prompt"]) == {"memtree.aggregate"}
+
+
 def test_xmemory_calls_follow_its_episodes(server):
     # session 1 (4 messages, one timestamp): a boundary question for messages 2-4 (the first has no
     # history), all "same episode"; message 5 has a new timestamp: its boundary question closes the
