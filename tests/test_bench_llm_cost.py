@@ -142,6 +142,16 @@ def test_batch_llm_asks_once_per_message_after_the_first(server):
     assert set(r["by_prompt"]) == {"segtree.batch", "segtree.annotation"}
 
 
+def test_pointwise_llm_stops_at_the_first_merge(server):
+    # one vector for every text: the stand-in merges with the first (lowest) candidate it is asked
+    # about, so the pointwise walk asks one question per message from the third on, like batch
+    same = ReplayEmbedder({}, dim=16, unknown="fixed")
+    r = measure_memory("segtree_pointwise", [_conversation()], server, same, queries=0)
+    assert r["by_prompt"]["segtree.pointwise"]["calls"] == 9 - 2
+    # every message from the second joins the one segment, whose annotation is rewritten once each
+    assert r["by_prompt"]["segtree.annotation"]["calls"] == 9 - 1
+
+
 def test_hat_agent_walks_root_to_leaf(server):
     # M = 4: five leaves make two parents under a root, depth 2; the stand-in's walk goes down twice
     # and answers "sufficient" at the leaf: three agent calls per question
