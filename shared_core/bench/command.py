@@ -24,7 +24,12 @@ def bench_command(
     memories: str = typer.Option(
         "all", "--memories", help="Comma-separated: segtree, memtree, hat, xmemory (default: all available)."
     ),
-    queries: int = typer.Option(50, "--queries", min=1, help="Timed queries per size and policy."),
+    queries: int = typer.Option(
+        50,
+        "--queries",
+        min=1,
+        help="Timed queries per size and policy; with --llm-cost, questions asked per conversation.",
+    ),
     window: int | None = typer.Option(
         None,
         "--window",
@@ -62,8 +67,12 @@ def bench_command(
     processes: str = typer.Option(
         "1,2,4", "--processes", help="With --postgres: comma-separated process counts."
     ),
-    messages: int = typer.Option(
-        50, "--messages", min=1, help="With --postgres: messages each process adds (one add each)."
+    messages: int | None = typer.Option(
+        None,
+        "--messages",
+        min=1,
+        help="With --postgres: messages each process adds, one add each (default 50). With --llm-cost: "
+        "turns added per conversation (default all).",
     ),
     retrieves: int = typer.Option(
         20, "--retrieves", min=0, help="With --postgres: retrievals each process runs after its adds."
@@ -102,6 +111,30 @@ def bench_command(
         help="With --ingest: comma-separated annotation_vectors runs: default (the constructor without "
         "options), composed, embedded.",
     ),
+    llm_cost: bool = typer.Option(
+        False,
+        "--llm-cost",
+        help="Run ONLY the LLM cost count: each memory's LLM mode (SegTreeMem pointwise_llm and batch_llm, "
+        "MemTree, HAT with its agent, xMemory with adaptive retrieval) through an in-process "
+        "OpenAI-protocol server answered by a deterministic stand-in model, over the LoCoMo dev turns "
+        "($HIERMEM_DATA or ../shared/data; else the bundled RealMem excerpt). Prints LLM calls, prompt and "
+        "completion tokens per message and per query. Writes llm_cost.json and llm_cost.md.",
+    ),
+    price_in: float | None = typer.Option(
+        None, "--price-in", min=0.0, help="With --llm-cost: USD per 1M prompt tokens (prices per 1,000)."
+    ),
+    price_out: float | None = typer.Option(
+        None,
+        "--price-out",
+        min=0.0,
+        help="With --llm-cost: USD per 1M completion tokens (default --price-in).",
+    ),
+    tokenizer: str = typer.Option(
+        "auto",
+        "--tokenizer",
+        help="With --llm-cost: how tokens are counted: auto (o200k_base when bundled offline, else "
+        "whitespace), whitespace, o200k_base, cl100k_base.",
+    ),
 ) -> None:
     """Algorithm overhead without model calls, next to flat FAISS and numpy search; embedded throughput.
 
@@ -111,11 +144,15 @@ def bench_command(
     bench.md and bench.png to --out.
 
     With --postgres URL only the many-processes benchmark runs instead (see docs/storage.md); with
-    --conversation and/or --ingest only those workloads run (see docs/evaluation.md).
+    --conversation and/or --ingest only those workloads run (see docs/evaluation.md); with --llm-cost
+    only the LLM cost count runs (see docs/performance.md).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if postgres is not None:
-        _process_bench(postgres, processes, messages, retrieves, memories, out)
+        _process_bench(postgres, processes, 50 if messages is None else messages, retrieves, memories, out)
+        return
+    if llm_cost:
+        _llm_cost_bench(memories, messages, queries, price_in, price_out, tokenizer, out)
         return
     from .core import render_markdown, run_bench
 
@@ -202,6 +239,52 @@ def _workloads_bench(*, out: Path, isolate: bool, **kw: Any) -> None:
     _print_workloads_summary(doc)
     files = doc.get("files", {})
     _console.print(f"wrote {', '.join(str(out / f) for f in files.values())}")
+
+
+def _llm_cost_bench(
+    memories: str,
+    messages: int | None,
+    queries: int,
+    price_in: float | None,
+    price_out: float | None,
+    tokenizer: str,
+    out: Path,
+) -> None:
+    """``hiermem bench --llm-cost``: a progress bar per memory, the Markdown report, files in ``out``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .llm_cost import render_llm_cost_markdown, run_llm_cost
+
+    mems = None if memories.strip().lower() == "all" else [m for m in memories.split(",") if m.strip()]
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console,
+    ) as bars:
+        tasks: dict[str, Any] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bars.add_task(label, total=total)
+            bars.update(tasks[label], completed=done, total=total)
+
+        try:
+            doc = run_llm_cost(
+                memories=mems,
+                messages=messages,
+                queries=queries,
+                price_in=price_in,
+                price_out=price_out,
+                tokenizer=tokenizer.strip().lower(),
+                out=out,
+                progress=progress,
+            )
+        except HierMemError as e:
+            raise _fail(e) from None
+    _console.print(render_llm_cost_markdown(doc), soft_wrap=True, markup=False, highlight=False)
+    _console.print(f"wrote {out / 'llm_cost.json'}, {out / 'llm_cost.md'}")
 
 
 def _print_workloads_summary(doc: dict[str, Any]) -> None:
