@@ -119,9 +119,9 @@ def test_llamaindex_policies_match_every_index() -> None:
 
 # --------------------------------------------------------------------------- option values
 def _option_values() -> dict[str, tuple[str, ...]]:
-    from shared_core.base import ANNOTATION_VECTORS
-    from shared_core.ranking import ADMISSIBLE, RELEVANCE_KINDS
-    from shared_core.segtree import COMPAT_MODELS, TOP_DOWN_WEIGHTS
+    from shared_core.memories.base import ANNOTATION_VECTORS
+    from shared_core.memories.segtree import COMPAT_MODELS, TOP_DOWN_WEIGHTS
+    from shared_core.search.ranking import ADMISSIBLE, RELEVANCE_KINDS
 
     return {
         "compat": COMPAT_MODELS,
@@ -230,7 +230,7 @@ def test_cli_commands_in_the_docs_exist_with_their_options() -> None:
 
 
 def test_mcp_memory_choices() -> None:
-    from shared_core.mcp_server import MEMORY_KINDS
+    from shared_core.serve.mcp_server import MEMORY_KINDS
 
     m = re.search(
         r"`--memory ([\w|]+)` chooses the memory of new namespaces \(default `(\w+)`\)", _prose(README)

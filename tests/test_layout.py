@@ -50,6 +50,26 @@ def test_no_imports_of_old_paths(graph):
     assert g.unresolved(graph) == []
 
 
+def test_tests_benchmarks_and_scripts_import_no_old_paths():
+    """Old module paths are for users' code during one release; the repository itself uses the new ones."""
+    mods = g.modules()
+    files = [
+        f
+        for folder in ("tests", "benchmarks", "scripts", "cookbook")
+        for f in sorted((g.ROOT / folder).rglob("*.py"))
+    ]
+    old = []
+    for f in files:
+        tree = g.ast.parse(f.read_text(encoding="utf-8"))
+        package = ".".join(f.relative_to(g.ROOT).parent.parts)
+        old += [
+            (str(f.relative_to(g.ROOT)), name)
+            for name in g._imported(tree, package, mods)
+            if name not in mods
+        ]
+    assert old == []
+
+
 def test_no_module_over_800_lines():
     assert g.long_modules() == []
 
