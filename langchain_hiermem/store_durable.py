@@ -50,7 +50,7 @@ from typing import Any
 from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result, TTLConfig
 
 from shared_core.memories.base import HierarchicalMemory
-from shared_core.namespaces import MemoryStore
+from shared_core.namespaces import DEFAULT_MAX_RESIDENT, MemoryStore, check_max_resident
 from shared_core.stores.namespace import MAX_PARTS, namespace_key, normalize_namespace
 from shared_core.types import (
     CommitUnknownError,
@@ -122,9 +122,16 @@ class DurableHierMemStore(HierMemStore):
         ttl: LangGraph's ``TTLConfig`` (see :class:`HierMemStore`), default ``None``. Each item's TTL and
             expiry are stored with it, so they hold across a reopen; a read that refreshes a TTL writes
             the new expiry.
+        max_resident: most namespace memories kept open at once, default 256
+            (:data:`~shared_core.namespaces.DEFAULT_MAX_RESIDENT`); ``None``: no limit. The least recently
+            used ones beyond it are closed (their SQLite files or PostgreSQL registration released) and
+            dropped by the store, and reopened from the database on their next use: nodes and vectors are
+            read back, nothing is embedded again. The items (keys, values, leaves) of every namespace stay
+            in RAM; only the memories are bounded. See :class:`~shared_core.namespaces.MemoryStore`.
 
     Raises:
-        InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`).
+        InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`),
+            ``max_resident`` not a positive integer or ``None``.
         PersistenceError: the file or database is not a hiermem LangGraph store, the SQLite file is in
             use by another process, the server cannot be reached or refuses the login.
         VersionMismatchError: the items or the memories were written by another layout version.
@@ -145,7 +152,9 @@ class DurableHierMemStore(HierMemStore):
         pool_size: int = 8,
         score: str = "similarity",
         ttl: TTLConfig | None = None,
+        max_resident: int | None = DEFAULT_MAX_RESIDENT,
     ) -> None:
+        max_resident = check_max_resident(max_resident)
         super().__init__(
             ttl=ttl,
             score=score,
@@ -169,6 +178,7 @@ class DurableHierMemStore(HierMemStore):
         self._pending: Iterable[_Added] = ()
         self._created: list[tuple[Namespace, HierarchicalMemory]] = []
         self._probed: set[Namespace] = set()
+        self._held: set[Namespace] = set()  # namespaces whose space holds its memory
         self._reconciled: set[Namespace] = set()
         self._shared = kind == "postgres"  # several processes may use the store
         self._writers = 0  # depth of _writing() in this process
@@ -194,10 +204,16 @@ class DurableHierMemStore(HierMemStore):
         try:
             if kind == "sqlite":
                 self._memories = MemoryStore(
-                    self._memory_for, memdir, durable=True, synchronous=synchronous.upper()
+                    self._memory_for,
+                    memdir,
+                    durable=True,
+                    synchronous=synchronous.upper(),
+                    max_resident=max_resident,
                 )
             else:
-                self._memories = MemoryStore(self._memory_for, url=where, pool_size=pool_size)
+                self._memories = MemoryStore(
+                    self._memory_for, url=where, pool_size=pool_size, max_resident=max_resident
+                )
             self._db.setup()
             self._load()
         except BaseException:
@@ -286,10 +302,12 @@ class DurableHierMemStore(HierMemStore):
         except BaseException:
             self._spaces, self._space_pos, self._item_pos, self._probed = saved
             raise
+        self._held.clear()
         for ns, mem in opened.items():
             if ns in self._spaces:
                 self._spaces[ns].memory = mem
                 self._probed.add(ns)
+                self._held.add(ns)
         self._reconciled.clear()
         self._resync = False
 
@@ -317,6 +335,22 @@ class DurableHierMemStore(HierMemStore):
         finally:
             self._writers -= 1
             self._db.unlock_writes()  # type: ignore[attr-defined]
+
+    def _let_go(self) -> None:
+        """Drop the memories the MemoryStore evicted (to stay within ``max_resident``), so their RAM is
+        freed; the next use of such a namespace opens its memory again from the database. Called at the
+        end of each operation, with the store's lock held (no run of puts holds a memory then)."""
+        mems = self._memories
+        if mems is None:
+            return
+        for ns in list(self._held):
+            space = self._spaces.get(ns)
+            if space is None or space.memory is None:
+                self._held.discard(ns)
+            elif not mems.is_resident(self._memory_ns(ns)):
+                space.memory = None
+                self._probed.discard(ns)
+                self._held.discard(ns)
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
@@ -377,6 +411,8 @@ class DurableHierMemStore(HierMemStore):
             mems = self._check_open()
             space.memory = mems.get(self._memory_ns(namespace))
             self._probed.add(namespace)
+        if space.memory is not None:
+            self._held.add(namespace)
         if namespace not in self._reconciled and (not self._shared or self._writers):
             self._reconcile(namespace, space, space.memory)
             self._reconciled.add(namespace)
@@ -393,6 +429,7 @@ class DurableHierMemStore(HierMemStore):
             mem = mems.get_or_create(mem_ns)
         finally:
             self._pending = ()
+        self._held.add(namespace)
         if not existed:
             self._created.append((namespace, mem))
         elif len(mem):
@@ -463,10 +500,13 @@ class DurableHierMemStore(HierMemStore):
         """
         with self._lock:
             self._start()
-            mem = super().get_memory(namespace)
-            if mem is not None and self._shared:
-                mem.refresh()  # what other processes committed to it
-            return mem
+            try:
+                mem = super().get_memory(namespace)
+                if mem is not None and self._shared:
+                    mem.refresh()  # what other processes committed to it
+                return mem
+            finally:
+                self._let_go()
 
     def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
         """A retriever over one namespace's memory (created, and the namespace recorded, when new).
@@ -508,7 +548,10 @@ class DurableHierMemStore(HierMemStore):
         """
         with self._lock:
             self._start()
-            return super().batch(ops)
+            try:
+                return super().batch(ops)
+            finally:
+                self._let_go()
 
     @staticmethod
     def _durable_namespace(ns: Namespace) -> Namespace:
@@ -633,7 +676,10 @@ class DurableHierMemStore(HierMemStore):
             NamespaceBusyError: another process kept writing too long.
         """
         with self._lock, self._writing():
-            return super().sweep_ttl()
+            try:
+                return super().sweep_ttl()
+            finally:
+                self._let_go()
 
     def _before_sweep(self) -> None:
         """A sweep needs the store open, with the database's items."""
