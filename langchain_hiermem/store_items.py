@@ -118,9 +118,16 @@ _MARK = (
     f"INSERT INTO {SCHEMA}.changes (ns, txid) SELECT unnest(%s::text[]), pg_current_xact_id() "
     "ON CONFLICT (ns) DO UPDATE SET txid = excluded.txid"
 )
-_CHANGED = (
-    f"SELECT ns FROM {SCHEMA}.changes WHERE txid >= pg_snapshot_xmin(%s::pg_snapshot) "
-    "AND NOT pg_visible_in_snapshot(txid, %s::pg_snapshot)"
+# One statement, so one snapshot, in no transaction block: that snapshot, the namespaces written by the
+# transactions the previous snapshot did not see, and their spaces and items rows (as JSON arrays).
+_CATCH_UP = (
+    f"WITH ch AS (SELECT ns FROM {SCHEMA}.changes WHERE txid >= pg_snapshot_xmin(%s::pg_snapshot) "
+    "AND NOT pg_visible_in_snapshot(txid, %s::pg_snapshot)) "
+    "SELECT pg_current_snapshot()::text, ARRAY(SELECT ns FROM ch), "
+    f"(SELECT json_agg(json_build_array(s.ns, s.pos) ORDER BY s.pos, s.ns) FROM {SCHEMA}.spaces s "
+    "WHERE s.ns IN (SELECT ns FROM ch)), "
+    "(SELECT json_agg(json_build_array(i.ns, i.key, i.value, i.created_at, i.updated_at, i.pos, i.leaves, "
+    f"i.ttl_minutes, i.expires_at) ORDER BY i.pos) FROM {SCHEMA}.items i WHERE i.ns IN (SELECT ns FROM ch))"
 )
 
 Statement = tuple[str, tuple[Any, ...]]
@@ -668,27 +675,19 @@ class _PostgresItems(_ItemsDB):
         """What other processes (and this one) committed since the last :meth:`load` or call: ``None``
         when nothing, else ``(changed namespace keys, their spaces rows, their item rows in pos order)``,
         all from one snapshot, which becomes :attr:`snapshot`. Reads only the namespaces written since
-        (the ``changes`` rows of transactions the previous snapshot did not see), never the others.
+        (the ``changes`` rows of transactions the previous snapshot did not see), never the others, in
+        one statement outside any transaction block.
 
         Raises:
             PersistenceError: the database cannot be read (nothing changes; tried again next time).
         """
-        conn = self.conn
         try:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                snapshot = str(cur.execute("SELECT pg_current_snapshot()::text").fetchone()[0])  # type: ignore[index]
-                keys = [str(r[0]) for r in cur.execute(_CHANGED, (self.snapshot, self.snapshot)).fetchall()]
-                spaces = items = []
-                if keys:
-                    spaces = cur.execute(
-                        f"SELECT ns, pos FROM {SCHEMA}.spaces WHERE ns = ANY(%s) ORDER BY pos, ns", (keys,)
-                    ).fetchall()
-                    items = cur.execute(
-                        f"SELECT {_ITEM_COLUMNS} FROM {SCHEMA}.items WHERE ns = ANY(%s) ORDER BY pos", (keys,)
-                    ).fetchall()
+            row = self.conn.execute(_CATCH_UP, (self.snapshot, self.snapshot)).fetchone()
         except Exception as e:
             raise self._error(e, "read") from None
+        snapshot, keys, spaces, items = row  # type: ignore[misc]
+        keys = [str(k) for k in keys or ()]
+        spaces, items = list(spaces or ()), list(items or ())
         self.snapshot = snapshot
         return (keys, spaces, items) if keys else None
 
