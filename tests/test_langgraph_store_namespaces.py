@@ -131,3 +131,29 @@ def test_a_store_of_format_2_is_migrated_on_open(pg_cluster: Any, pg_url: str) -
         assert [i.key for i in t.search(("a",))] == ["k", "k2"]
     rows = pg_cluster.execute(db, f"SELECT value FROM {SCHEMA}.meta WHERE key = 'format'")
     assert json.loads(rows[0][0]) == 3
+
+
+def test_a_sweep_spares_what_another_store_renewed_and_removes_the_rest(pg_url: str) -> None:
+    """A sweep on PostgreSQL (namespace by namespace, each under its lock): an expired item that
+    another store put again before the sweep stays although the sweeping store saw it expired, the
+    others go (their texts too), and the other store sees the result without reopening."""
+    from tests.test_langgraph_store_ttl import Clock
+
+    clock = Clock()
+    spaces = [("t", "a"), ("t", "b"), ("u", "c")]
+    with open_store(pg_url, fields=["text"]) as s, open_store(pg_url, fields=["text"]) as o:
+        s._clock = o._clock = clock
+        for n, ns in enumerate(spaces):
+            s.put(ns, "old", {"text": TEXTS[n]}, ttl=1)
+            s.put(ns, "keep", {"text": TEXTS[n + 1]})
+        clock.tick(2)
+        seen = s.list_namespaces()  # s caught up: every "old" item has expired in its copy
+        assert seen == sorted(spaces)
+        o.put(spaces[1], "old", {"text": TEXTS[4]}, ttl=10)  # renewed by the other store
+        assert s.sweep_ttl() == 2  # (t, a) and (u, c); (t, b)'s item is a new one now
+        for ns in spaces:
+            want = ["keep", "old"] if ns == spaces[1] else ["keep"]
+            assert sorted(i.key for i in o.search(ns)) == want
+            assert [k for k, _ in leaves(o, ns)] == want
+        assert o.get(spaces[1], "old").value == {"text": TEXTS[4]}
+        assert o.sweep_ttl() == 0
