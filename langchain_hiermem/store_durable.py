@@ -181,6 +181,7 @@ class DurableHierMemStore(HierMemStore):
         self._created: list[tuple[Namespace, HierarchicalMemory]] = []
         self._probed: set[Namespace] = set()
         self._held: set[Namespace] = set()  # namespaces whose space holds its memory
+        self._evictions_seen = -1  # the MemoryStore's evictions at the last _let_go
         self._reconciled: set[Namespace] = set()
         self._shared = kind == "postgres"  # several processes may use the store
         self._writers = 0  # depth of _writing() in this process
@@ -315,10 +316,8 @@ class DurableHierMemStore(HierMemStore):
                 continue
             for key in space.items:
                 self._item_pos.pop((ns, key), None)
-            space.items.clear()  # refilled in place: a space object keeps its identity
-            space.leaves.clear()
-            space.texts.clear()
-            space.expiry.clear()
+            for part in (space.items, space.leaves, space.texts, space.expiry):
+                part.clear()  # refilled in place: a space object keeps its identity
             if space.memory is None:
                 self._probed.discard(ns)  # another process may have created its memory
         try:
@@ -340,16 +339,15 @@ class DurableHierMemStore(HierMemStore):
         """
         saved = (dict(self._spaces), dict(self._space_pos), dict(self._item_pos), set(self._probed))
         opened = {ns: sp.memory for ns, sp in self._spaces.items() if sp.memory is not None}
-        self._spaces.clear()
-        self._space_pos.clear()
-        self._item_pos.clear()
-        self._probed.clear()
+        for table in (self._spaces, self._space_pos, self._item_pos, self._probed):
+            table.clear()
         try:
             self._load()
         except BaseException:
             self._spaces, self._space_pos, self._item_pos, self._probed = saved
             raise
         self._held.clear()
+        self._evictions_seen = -1
         for ns, mem in opened.items():
             if ns in self._spaces:
                 self._spaces[ns].memory = mem
@@ -391,8 +389,9 @@ class DurableHierMemStore(HierMemStore):
         freed; the next use of such a namespace opens its memory again from the database. Called at the
         end of each operation, with the store's lock held (no run of puts holds a memory then)."""
         mems = self._memories
-        if mems is None:
-            return
+        if mems is None or mems.stats()["evictions"] == self._evictions_seen:
+            return  # nothing evicted since the last look: every memory held is still resident
+        self._evictions_seen = mems.stats()["evictions"]
         for ns in list(self._held):
             space = self._spaces.get(ns)
             if space is None or space.memory is None:
@@ -608,8 +607,12 @@ class DurableHierMemStore(HierMemStore):
             InvalidNamespaceError: see :meth:`HierMemStore.batch`; also a namespace the memories cannot
                 name (more than 7 labels, a blank label, control characters, over 256 characters).
         """
+        ops = list(ops)
         with self._lock:
-            self._start()
+            if self._shared and ops and all(isinstance(op, PutOp) for op in ops):
+                self._check_open()  # puts alone: they catch up under their namespaces' locks
+            else:
+                self._start()
             try:
                 return super().batch(ops)
             finally:
@@ -731,20 +734,14 @@ class DurableHierMemStore(HierMemStore):
         self._next_item = next_item
 
     def sweep_ttl(self) -> int:
-        """:meth:`~langchain_hiermem.store_ttl.TTLMixin.sweep_ttl`; on PostgreSQL one namespace at a time,
-        each under its write lock, its expired items found again there (those other processes wrote
+        """:meth:`~langchain_hiermem.store_ttl.TTLMixin.sweep_ttl`, one namespace at a time (PostgreSQL:
+        each under its write lock, its expired items found again there, those other processes wrote
         included; an item another process refreshed or put again meanwhile stays).
 
         Raises:
             PersistenceError: the store is closed or the database failed (see :meth:`batch`).
             NamespaceBusyError: another process kept writing too long.
         """
-        if not self._shared:
-            with self._lock:
-                try:
-                    return super().sweep_ttl()
-                finally:
-                    self._let_go()
         with self._lock:
             try:
                 self._start()
