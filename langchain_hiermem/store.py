@@ -279,7 +279,8 @@ class HierMemStore(TTLMixin, BaseStore):
                 :func:`embedder_and_fields`.
             **kwargs: the other arguments of :class:`HierMemStore` (``memory_factory``, ``embedder``,
                 ``fields``, ``memory_kwargs``, ``policy``, ``search_kwargs``, ``ttl``) and of the durable
-                store (``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
+                store (``max_resident``: most namespace memories open at once, default 256;
+                ``synchronous`` for SQLite, ``pool_size`` for PostgreSQL).
 
         Returns:
             A context manager giving the open store.

@@ -25,11 +25,13 @@ reopened store has exactly the items whose write was committed, each indexed by 
 
 SQLite: one process owns a store at a time (an exclusive lock on the file), so the items kept in RAM
 never go stale; a second opener gets :class:`PersistenceError`. PostgreSQL: many processes share a
-store. Before each operation a process compares the stored change sequence with its own and reloads the
-items when another process wrote (the memories catch up by themselves); a run of puts, a sweep, and
-any repair of a memory run under the store's write lock, after that reload, so they never overwrite
-another process's write, and texts a killed writer left in a memory are deleted by the next writer of
-that namespace.
+store. Before each operation a process reads the items of the namespaces other processes wrote since
+its last look, and only those (the memories catch up by themselves); a run of puts, a sweep of a
+namespace, a refreshed TTL and any repair of a memory run under the write locks of the namespaces they
+write, after that catch-up, so they never overwrite another process's write, writers of other
+namespaces never wait for them, and texts a killed writer left in a memory are deleted by the next
+writer of that namespace. A lock is waited for at most the URL's ``lock_timeout=`` seconds (default
+60), then :class:`~shared_core.types.NamespaceBusyError`.
 Values must be JSON-serialisable: they are stored and returned as JSON (tuples become lists).
 
 References:
@@ -50,7 +52,7 @@ from typing import Any
 from langgraph.store.base import IndexConfig, InvalidNamespaceError, Item, Op, PutOp, Result, TTLConfig
 
 from shared_core.memories.base import HierarchicalMemory
-from shared_core.namespaces import MemoryStore
+from shared_core.namespaces import DEFAULT_MAX_RESIDENT, MemoryStore, check_max_resident
 from shared_core.stores.namespace import MAX_PARTS, namespace_key, normalize_namespace
 from shared_core.types import (
     CommitUnknownError,
@@ -122,9 +124,16 @@ class DurableHierMemStore(HierMemStore):
         ttl: LangGraph's ``TTLConfig`` (see :class:`HierMemStore`), default ``None``. Each item's TTL and
             expiry are stored with it, so they hold across a reopen; a read that refreshes a TTL writes
             the new expiry.
+        max_resident: most namespace memories kept open at once, default 256
+            (:data:`~shared_core.namespaces.DEFAULT_MAX_RESIDENT`); ``None``: no limit. The least recently
+            used ones beyond it are closed (their SQLite files or PostgreSQL registration released) and
+            dropped by the store, and reopened from the database on their next use: nodes and vectors are
+            read back, nothing is embedded again. The items (keys, values, leaves) of every namespace stay
+            in RAM; only the memories are bounded. See :class:`~shared_core.namespaces.MemoryStore`.
 
     Raises:
-        InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`).
+        InvalidInputError: a malformed path or URL, a bad argument (see :class:`HierMemStore`),
+            ``max_resident`` not a positive integer or ``None``.
         PersistenceError: the file or database is not a hiermem LangGraph store, the SQLite file is in
             use by another process, the server cannot be reached or refuses the login.
         VersionMismatchError: the items or the memories were written by another layout version.
@@ -145,7 +154,9 @@ class DurableHierMemStore(HierMemStore):
         pool_size: int = 8,
         score: str = "similarity",
         ttl: TTLConfig | None = None,
+        max_resident: int | None = DEFAULT_MAX_RESIDENT,
     ) -> None:
+        max_resident = check_max_resident(max_resident)
         super().__init__(
             ttl=ttl,
             score=score,
@@ -169,6 +180,8 @@ class DurableHierMemStore(HierMemStore):
         self._pending: Iterable[_Added] = ()
         self._created: list[tuple[Namespace, HierarchicalMemory]] = []
         self._probed: set[Namespace] = set()
+        self._held: set[Namespace] = set()  # namespaces whose space holds its memory
+        self._evictions_seen = -1  # the MemoryStore's evictions at the last _let_go
         self._reconciled: set[Namespace] = set()
         self._shared = kind == "postgres"  # several processes may use the store
         self._writers = 0  # depth of _writing() in this process
@@ -194,10 +207,16 @@ class DurableHierMemStore(HierMemStore):
         try:
             if kind == "sqlite":
                 self._memories = MemoryStore(
-                    self._memory_for, memdir, durable=True, synchronous=synchronous.upper()
+                    self._memory_for,
+                    memdir,
+                    durable=True,
+                    synchronous=synchronous.upper(),
+                    max_resident=max_resident,
                 )
             else:
-                self._memories = MemoryStore(self._memory_for, url=where, pool_size=pool_size)
+                self._memories = MemoryStore(
+                    self._memory_for, url=where, pool_size=pool_size, max_resident=max_resident
+                )
             self._db.setup()
             self._load()
         except BaseException:
@@ -264,8 +283,51 @@ class DurableHierMemStore(HierMemStore):
             PersistenceError: the store is closed, or the items cannot be reloaded (tried again next time).
         """
         self._check_open()
-        if self._resync or (self._shared and self._db.stored_seq() != self._seq):
+        if self._resync:
             self._reload()
+        elif self._shared:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Apply what other processes committed since this one last looked (PostgreSQL): the items of
+        the namespaces written since are read again, no other (see :meth:`_PostgresItems.changes`); the
+        memories open in this process stay open (they catch up by themselves).
+
+        Raises:
+            PersistenceError: the changes cannot be read (nothing changes; tried again next time), or
+                hold a malformed row (the whole store is read again before the next operation).
+        """
+        got = self._db.changes()  # type: ignore[attr-defined]
+        if got is None:
+            return
+        keys, spaces, items = got
+        try:
+            changed = [tuple(normalize_namespace(json.loads(k))) for k in keys]
+        except (TypeError, ValueError, InvalidInputError) as e:
+            self._resync = True
+            raise PersistenceError(
+                f"{self.location} holds a malformed row ({e}); the store is corrupt."
+            ) from None
+        new = False
+        for ns in changed:
+            space = self._spaces.get(ns)
+            if space is None:
+                new = True
+                continue
+            for key in space.items:
+                self._item_pos.pop((ns, key), None)
+            for part in (space.items, space.leaves, space.texts, space.expiry):
+                part.clear()  # refilled in place: a space object keeps its identity
+            if space.memory is None:
+                self._probed.discard(ns)  # another process may have created its memory
+        try:
+            self._fill(spaces, items)
+        except PersistenceError:
+            self._resync = True
+            raise
+        if new:  # namespaces in order of creation, as a full load gives them
+            order = sorted(self._spaces, key=lambda ns: (self._space_pos.get(ns, 0), namespace_key(ns)))
+            self._spaces = {ns: self._spaces[ns] for ns in order}
 
     def _reload(self) -> None:
         """Read the items again (another process wrote, or a write's outcome was unknown); the memories
@@ -277,56 +339,89 @@ class DurableHierMemStore(HierMemStore):
         """
         saved = (dict(self._spaces), dict(self._space_pos), dict(self._item_pos), set(self._probed))
         opened = {ns: sp.memory for ns, sp in self._spaces.items() if sp.memory is not None}
-        self._spaces.clear()
-        self._space_pos.clear()
-        self._item_pos.clear()
-        self._probed.clear()
+        for table in (self._spaces, self._space_pos, self._item_pos, self._probed):
+            table.clear()
         try:
             self._load()
         except BaseException:
             self._spaces, self._space_pos, self._item_pos, self._probed = saved
             raise
+        self._held.clear()
+        self._evictions_seen = -1
         for ns, mem in opened.items():
             if ns in self._spaces:
                 self._spaces[ns].memory = mem
                 self._probed.add(ns)
+                self._held.add(ns)
         self._reconciled.clear()
         self._resync = False
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Hold the store's write lock (PostgreSQL; reentrant) with the items of the database: a writer
-        reloads what other processes wrote and repairs the memories it uses (see :meth:`_reconcile`).
+    def _writing(self, namespaces: Iterable[Namespace]) -> Iterator[None]:
+        """Hold the write locks of ``namespaces`` (PostgreSQL; reentrant) with their items as the
+        database holds them: a writer catches up with what other processes wrote and repairs the memories
+        it uses (see :meth:`_reconcile`). Writers of other namespaces never wait for it.
 
         Raises:
-            NamespaceBusyError: another process kept writing for longer than the URL's ``lock_timeout``
-                (default 60 s).
+            NamespaceBusyError: another process kept writing one of them for longer than the URL's
+                ``lock_timeout`` (default 60 s); no lock is kept.
             PersistenceError: the store is closed or the database failed.
         """
         if not self._shared:
             yield
             return
         self._check_open()
-        self._db.lock_writes()  # type: ignore[attr-defined]
+        wanted = {namespace_key(ns): ns for ns in namespaces}
+        taken = self._db.lock_namespaces(wanted)  # type: ignore[attr-defined]
         self._writers += 1
         try:
-            if self._writers == 1:
-                self._reconciled.clear()  # a writer killed since may have left texts in a memory
+            for key in taken:  # a writer killed since may have left texts in its memory
+                self._reconciled.discard(wanted[key])
+            if taken or self._writers == 1:
                 self._start()
             yield
         finally:
             self._writers -= 1
-            self._db.unlock_writes()  # type: ignore[attr-defined]
+            self._db.unlock_namespaces(taken)  # type: ignore[attr-defined]
+
+    def _let_go(self) -> None:
+        """Drop the memories the MemoryStore evicted (to stay within ``max_resident``), so their RAM is
+        freed; the next use of such a namespace opens its memory again from the database. Called at the
+        end of each operation, with the store's lock held (no run of puts holds a memory then)."""
+        mems = self._memories
+        if mems is None or mems.stats()["evictions"] == self._evictions_seen:
+            return  # nothing evicted since the last look: every memory held is still resident
+        self._evictions_seen = mems.stats()["evictions"]
+        for ns in list(self._held):
+            space = self._spaces.get(ns)
+            if space is None or space.memory is None:
+                self._held.discard(ns)
+            elif not mems.is_resident(self._memory_ns(ns)):
+                space.memory = None
+                self._probed.discard(ns)
+                self._held.discard(ns)
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
         """Read every namespace and item (memories open on first use)."""
         seq, spaces, items = self._db.load()
+        self._fill(spaces, items)
+        self._seq = seq
+        self._next_space = max(self._space_pos.values(), default=-1) + 1
+        self._next_item = max(self._item_pos.values(), default=-1) + 1
+
+    def _fill(self, spaces: list[Any], items: list[Any]) -> None:
+        """Add rows of the spaces and items tables (in pos order) to the spaces in RAM.
+
+        Raises:
+            PersistenceError: a malformed row.
+        """
         try:
             for ns_text, pos in spaces:
                 ns = tuple(normalize_namespace(json.loads(ns_text)))
-                self._spaces[ns] = _Space()
+                self._spaces.setdefault(ns, _Space())
                 self._space_pos[ns] = int(pos)
+                self._next_space = max(self._next_space, int(pos) + 1)
             for ns_text, key, value, created, updated, pos, leaves, minutes, expires in items:
                 ns = tuple(normalize_namespace(json.loads(ns_text)))
                 space = self._spaces.get(ns)
@@ -348,6 +443,7 @@ class DurableHierMemStore(HierMemStore):
                     space.leaves[str(key)] = [int(lid) for lid, _ in pairs]
                     space.texts[str(key)] = [str(text) for _, text in pairs]
                 self._item_pos[(ns, str(key))] = int(pos)
+                self._next_item = max(self._next_item, int(pos) + 1)
                 if minutes is not None:
                     at = datetime.fromisoformat(expires)
                     if at.tzinfo is None:
@@ -357,9 +453,6 @@ class DurableHierMemStore(HierMemStore):
             raise PersistenceError(
                 f"{self.location} holds a malformed row ({e}); the store is corrupt."
             ) from None
-        self._seq = seq
-        self._next_space = max(self._space_pos.values(), default=-1) + 1
-        self._next_item = max(self._item_pos.values(), default=-1) + 1
 
     # ------------------------------------------------------------------ memories
     @staticmethod
@@ -377,7 +470,11 @@ class DurableHierMemStore(HierMemStore):
             mems = self._check_open()
             space.memory = mems.get(self._memory_ns(namespace))
             self._probed.add(namespace)
-        if namespace not in self._reconciled and (not self._shared or self._writers):
+        if space.memory is not None:
+            self._held.add(namespace)
+        if namespace not in self._reconciled and (
+            not self._shared or self._db.holds(namespace_key(namespace))  # type: ignore[attr-defined]
+        ):
             self._reconcile(namespace, space, space.memory)
             self._reconciled.add(namespace)
         return space.memory
@@ -393,6 +490,7 @@ class DurableHierMemStore(HierMemStore):
             mem = mems.get_or_create(mem_ns)
         finally:
             self._pending = ()
+        self._held.add(namespace)
         if not existed:
             self._created.append((namespace, mem))
         elif len(mem):
@@ -463,10 +561,13 @@ class DurableHierMemStore(HierMemStore):
         """
         with self._lock:
             self._start()
-            mem = super().get_memory(namespace)
-            if mem is not None and self._shared:
-                mem.refresh()  # what other processes committed to it
-            return mem
+            try:
+                mem = super().get_memory(namespace)
+                if mem is not None and self._shared:
+                    mem.refresh()  # what other processes committed to it
+                return mem
+            finally:
+                self._let_go()
 
     def as_retriever(self, namespace: tuple[str, ...], **kwargs: Any) -> HierMemRetriever:
         """A retriever over one namespace's memory (created, and the namespace recorded, when new).
@@ -483,7 +584,7 @@ class DurableHierMemStore(HierMemStore):
             PersistenceError: the store is closed, or the memory cannot be opened or created.
         """
         ns = self._durable_namespace(_as_namespace(namespace))
-        with self._lock, self._writing():
+        with self._lock, self._writing([ns]):
             self._start()
             self._created = []
             retriever = super().as_retriever(ns, **kwargs)
@@ -506,9 +607,16 @@ class DurableHierMemStore(HierMemStore):
             InvalidNamespaceError: see :meth:`HierMemStore.batch`; also a namespace the memories cannot
                 name (more than 7 labels, a blank label, control characters, over 256 characters).
         """
+        ops = list(ops)
         with self._lock:
-            self._start()
-            return super().batch(ops)
+            if self._shared and ops and all(isinstance(op, PutOp) for op in ops):
+                self._check_open()  # puts alone: they catch up under their namespaces' locks
+            else:
+                self._start()
+            try:
+                return super().batch(ops)
+            finally:
+                self._let_go()
 
     @staticmethod
     def _durable_namespace(ns: Namespace) -> Namespace:
@@ -550,8 +658,9 @@ class DurableHierMemStore(HierMemStore):
         return json_form(flt)
 
     def _apply_puts(self, ops: list[PutOp]) -> None:
-        """:meth:`HierMemStore._apply_puts` under the write lock, recording the memories the run creates."""
-        with self._writing():
+        """:meth:`HierMemStore._apply_puts` under the write locks of its namespaces, recording the memories
+        the run creates."""
+        with self._writing({tuple(op.namespace) for op in ops}):
             self._created = []
             try:
                 super()._apply_puts(ops)
@@ -625,15 +734,32 @@ class DurableHierMemStore(HierMemStore):
         self._next_item = next_item
 
     def sweep_ttl(self) -> int:
-        """:meth:`~langchain_hiermem.store_ttl.TTLMixin.sweep_ttl` under the write lock (PostgreSQL: the
-        items other processes wrote included).
+        """:meth:`~langchain_hiermem.store_ttl.TTLMixin.sweep_ttl`, one namespace at a time (PostgreSQL:
+        each under its write lock, its expired items found again there, those other processes wrote
+        included; an item another process refreshed or put again meanwhile stays).
 
         Raises:
             PersistenceError: the store is closed or the database failed (see :meth:`batch`).
             NamespaceBusyError: another process kept writing too long.
         """
-        with self._lock, self._writing():
-            return super().sweep_ttl()
+        with self._lock:
+            try:
+                self._start()
+                now = self._clock()
+                todo = [
+                    ns for ns, sp in self._spaces.items() if self._expired_keys(sp, now) & sp.items.keys()
+                ]
+                swept = 0
+                for ns in todo:  # one namespace at a time, each under its own lock, checked again there
+                    with self._writing([ns]):
+                        space, now = self._spaces[ns], self._clock()
+                        keys = sorted(k for k in self._expired_keys(space, now) if k in space.items)
+                        if keys:
+                            self._apply_puts([PutOp(ns, key, None) for key in keys])
+                            swept += len(keys)
+                return swept
+            finally:
+                self._let_go()
 
     def _before_sweep(self) -> None:
         """A sweep needs the store open, with the database's items."""
@@ -652,7 +778,7 @@ class DurableHierMemStore(HierMemStore):
             for key, (_, at) in keys.items()
         ]
         try:
-            with self._writing():
+            with self._writing(changed):
                 self._seq = self._db.write(self._seq, stmts)
         except CommitUnknownError:
             self._resync = True

@@ -11,21 +11,30 @@ schema ``hiermem_langgraph``::
                                              PRIMARY KEY (ns, key); leaves is a JSON list of [leaf id,
                                              text] of the item's memory leaves; ttl_minutes and
                                              expires_at (ISO-8601 UTC) are NULL for an item without TTL
+    changes(ns PRIMARY KEY, txid xid8)       PostgreSQL only: the transaction that last wrote each
+                                             namespace (indexed by txid)
 
-Format 1 (without the two TTL columns) is migrated to format 2 by ``setup`` (on open): the columns are
-added, NULL for every item.
+Formats 1 (without the two TTL columns) and 2 (without ``changes``) are migrated to format 3 by
+``setup`` (on open): the columns are added, NULL for every item, and ``changes`` is created empty.
+PostgreSQL's migration waits for a writer of an older version and then advances ``seq``, so such a
+process reloads, finds a table it does not know and stops writing (PersistenceError): upgrade every
+process.
 
 :class:`_SQLiteItems` holds one connection, owned by one process (an exclusive lock on the file); a
 second opener gets :class:`~shared_core.types.PersistenceError` naming PostgreSQL for several.
-:class:`_PostgresItems` holds one connection per process and lets many processes use the store: each
-writer takes the store's write lock (a session advisory lock, :meth:`_PostgresItems.lock_writes`) for
-the whole of its write, and every process compares the stored ``seq`` with its own before each
-operation (:meth:`_ItemsDB.stored_seq`) to reload what others wrote. A file or schema that is not a
-hiermem LangGraph store is refused before anything is written into it. A write runs its statements in
-ONE transaction that also advances ``seq``, and only when ``seq`` is still the one this process last
-read. When the connection breaks during a PostgreSQL ``COMMIT``, the server is asked on a fresh
-connection (``txid_status``) whether it landed: committed is a successful write, aborted a failed one
-that changed nothing, and when the server cannot tell, :class:`~shared_core.types.CommitUnknownError`.
+:class:`_PostgresItems` holds one connection per process and lets many processes use the store: a
+writer takes the write lock of each namespace it writes (a session advisory lock keyed by the
+namespace, :meth:`_PostgresItems.lock_namespaces`) for the whole of its write, so writers of different
+namespaces never wait for each other; its transaction records itself in ``changes`` for every namespace
+it writes, and it is refused unless this process still holds those locks on the connection it writes
+with. Before each operation a process reads the ``changes`` rows of the transactions its last snapshot
+did not see, and then the items of those namespaces only (:meth:`_PostgresItems.changes`, from one
+REPEATABLE READ snapshot). SQLite's single owner writes ONE transaction that also advances ``seq``,
+only when ``seq`` is still the one it last read. A file or schema that is not a hiermem LangGraph
+store is refused before anything is written into it. When the connection breaks during a PostgreSQL
+``COMMIT``, the server is asked on a fresh connection (``txid_status``) whether it landed: committed is
+a successful write, aborted a failed one that changed nothing, and when the server cannot tell,
+:class:`~shared_core.types.CommitUnknownError`.
 
 References:
     LangGraph ``PostgresStore.from_conn_string`` / ``SqliteStore.from_conn_string``;
@@ -50,17 +59,21 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "KIND", "LOCK_CLASS", "SCHEMA", "Statement"]
 
-#: Version of the item tables (the ``format`` row of ``meta``); format 1 is migrated on open.
-FORMAT = 2
-_OLD_FORMAT = 1
+#: Version of the item tables (the ``format`` row of ``meta``); formats 1 and 2 are migrated on open.
+FORMAT = 3
+_OLD_FORMAT = 1  # without the TTL columns
+_OLDER = (1, 2)  # migrated by setup(); format 2 has no PostgreSQL table ``changes``
 #: The ``kind`` row of ``meta``: what tells a hiermem LangGraph store from other databases.
 KIND = "hiermem-langgraph-store"
 #: The PostgreSQL schema of the item tables.
 SCHEMA = "hiermem_langgraph"
 #: First key of this module's PostgreSQL advisory locks ("hlgs"); second key 0 guards the schema setup,
-#: 2 is held by the process writing the store (1 was the single owner's lock before several processes).
+#: 2 was the store-wide write lock of format 2 (taken once more by the migration to format 3, so it waits
+#: for a writer of an older version), 1 the single owner's lock before several processes.
 LOCK_CLASS = 0x686C6773
 _SETUP_LOCK, _WRITE_LOCK = 0, 2
+#: First key of the namespace write locks ("hlgn"); the second is ``hashtext`` of the namespace's key.
+NS_LOCK_CLASS = 0x686C676E
 #: Seconds a write waits for another process's write of the store, unless the URL gives lock_timeout=.
 WRITE_WAIT = 60.0
 
@@ -93,6 +106,29 @@ _ITEM_COLUMNS = "ns, key, value, created_at, updated_at, pos, leaves, ttl_minute
 _DELETE_ITEM = "DELETE FROM {t}items WHERE ns = ? AND key = ?"
 _SET_LEAVES = "UPDATE {t}items SET leaves = ? WHERE ns = ? AND key = ?"
 _ADD_SPACE = "INSERT INTO {t}spaces (ns, pos) VALUES (?, ?) ON CONFLICT (ns) DO NOTHING"
+#: Where each statement holds the namespace it writes (so a write can mark its namespaces changed).
+_NS_AT = {_UPSERT_ITEM: 0, _DELETE_ITEM: 0, _ADD_SPACE: 0, _SET_LEAVES: 1, _SET_EXPIRY: 1}
+# PostgreSQL only: the transaction (xid8) that last wrote each namespace, read by the other processes'
+# catch-up (the namespaces changed since their last snapshot).
+_CHANGES_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {SCHEMA}.changes (ns text PRIMARY KEY, txid xid8 NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS changes_txid ON {SCHEMA}.changes (txid)",
+)
+_MARK = (
+    f"INSERT INTO {SCHEMA}.changes (ns, txid) SELECT unnest(%s::text[]), pg_current_xact_id() "
+    "ON CONFLICT (ns) DO UPDATE SET txid = excluded.txid"
+)
+# One statement, so one snapshot, in no transaction block: that snapshot, the namespaces written by the
+# transactions the previous snapshot did not see, and their spaces and items rows (as JSON arrays).
+_CATCH_UP = (
+    f"WITH ch AS (SELECT ns FROM {SCHEMA}.changes WHERE txid >= pg_snapshot_xmin(%s::pg_snapshot) "
+    "AND NOT pg_visible_in_snapshot(txid, %s::pg_snapshot)) "
+    "SELECT pg_current_snapshot()::text, ARRAY(SELECT ns FROM ch), "
+    f"(SELECT json_agg(json_build_array(s.ns, s.pos) ORDER BY s.pos, s.ns) FROM {SCHEMA}.spaces s "
+    "WHERE s.ns IN (SELECT ns FROM ch)), "
+    "(SELECT json_agg(json_build_array(i.ns, i.key, i.value, i.created_at, i.updated_at, i.pos, i.leaves, "
+    f"i.ttl_minutes, i.expires_at) ORDER BY i.pos) FROM {SCHEMA}.items i WHERE i.ns IN (SELECT ns FROM ch))"
+)
 
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -124,7 +160,7 @@ def _check_meta(rows: Iterable[tuple[Any, Any]], location: str) -> tuple[int, in
     if meta.get("kind") != KIND:
         raise _not_ours(location, f"its meta table names the kind {meta.get('kind')!r}")
     fmt = meta.get("format")
-    if fmt not in (FORMAT, _OLD_FORMAT) or isinstance(fmt, bool):
+    if fmt not in (FORMAT, *_OLDER) or isinstance(fmt, bool):
         raise VersionMismatchError(
             f"The items in {location} have format {meta.get('format')!r}; this hiermem reads format "
             f"{FORMAT}. Use the hiermem version that created them, or another store."
@@ -289,9 +325,10 @@ class _SQLiteItems(_ItemsDB):
                         "INSERT INTO meta (key, value) VALUES (?, ?)",
                         [("kind", _dumps(KIND)), ("format", _dumps(FORMAT)), ("seq", "0")],
                     )
-                elif self.format == _OLD_FORMAT:
-                    for stmt in _MIGRATE:
-                        c.execute(self.sql(stmt))
+                elif self.format in _OLDER:
+                    if self.format == _OLD_FORMAT:
+                        for stmt in _MIGRATE:
+                            c.execute(self.sql(stmt))
                     c.execute("UPDATE meta SET value = ? WHERE key = 'format'", (_dumps(FORMAT),))
                 self.format = FORMAT
                 c.execute("COMMIT")
@@ -365,9 +402,11 @@ class _SQLiteItems(_ItemsDB):
 class _PostgresItems(_ItemsDB):
     """The item tables in the schema ``hiermem_langgraph`` of a PostgreSQL database.
 
-    Many processes may open it. A writer holds the store's write lock (a session advisory lock, released
-    when it unlocks, its connection closes or its process dies) from before it reads the stored items
-    until its last statement; after a lost connection the next call connects again.
+    Many processes may open it. A writer holds the write lock of each namespace it writes (a session
+    advisory lock ``(NS_LOCK_CLASS, hashtext(namespace key))``, released when it unlocks, its connection
+    closes or its process dies) from before it catches up with the stored items until its last
+    statement; two namespaces whose keys hash alike share a lock (they take turns, nothing else). After
+    a lost connection the next call connects again.
     """
 
     def __init__(self, url: str) -> None:
@@ -377,7 +416,9 @@ class _PostgresItems(_ItemsDB):
         self.prefix = f"{SCHEMA}."
         self._url, own = split_url(url)  # without hiermem's own parameters (lock_timeout=)
         self.write_wait = float(own["lock_timeout"]) if "lock_timeout" in own else WRITE_WAIT
-        self._write_depth = 0
+        self._held: set[str] = set()  # namespace keys whose write lock this process holds
+        self._lock_conn: psycopg.Connection[Any] | None = None  # the session holding them
+        self.snapshot = ""  # the snapshot of the last load or catch-up (pg_current_snapshot as text)
         self._timeout = float(params.get("connect_timeout") or 10)
         self._kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
@@ -412,47 +453,75 @@ class _PostgresItems(_ItemsDB):
                 "are right (create the database first, e.g. createdb)."
             ) from None
 
-    def lock_writes(self) -> None:
-        """Take the store's write lock (reentrant), waiting at most :attr:`write_wait` seconds.
+    def lock_namespaces(self, keys: Iterable[str]) -> list[str]:
+        """Take the write locks of the namespaces ``keys`` (their :func:`namespace_key` texts) that this
+        process does not hold yet, in sorted order; each waits at most :attr:`write_wait` seconds.
+
+        Returns:
+            The keys locked by this call (give them to :meth:`unlock_namespaces`).
 
         Raises:
-            NamespaceBusyError: another process kept the lock longer (nothing was done; retry later).
-            PersistenceError: the server cannot be reached.
+            NamespaceBusyError: another process kept one of them longer, or waiting would deadlock
+                (nothing was done and no lock is kept; retry later).
+            PersistenceError: the server cannot be reached, or the connection holding this process's
+                other locks was lost.
         """
         import psycopg
 
         from shared_core.types import NamespaceBusyError
 
-        if self._write_depth:
-            self._write_depth += 1
-            return
+        new = sorted(set(keys) - self._held)
+        if not new:
+            return []
         conn = self.conn
+        if self._held and conn is not self._lock_conn:
+            raise PersistenceError(
+                f"The connection holding this process's namespace locks of the LangGraph store in "
+                f"{self.location} was lost; nothing was written. Retry the operation."
+            )
         ms = max(1, round(self.write_wait * 1000))
+        taken: list[str] = []
         try:
             conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
-            conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
-        except psycopg.errors.LockNotAvailable:
+            for key in new:
+                conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (NS_LOCK_CLASS, key))
+                taken.append(key)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            self._release(conn, taken)
             raise NamespaceBusyError(
-                f"The LangGraph store in {self.location} is being written by another process for longer "
-                f"than {self.write_wait:g} s; nothing was changed. Try again, or raise the wait "
-                "(lock_timeout= in the URL)."
+                f"A namespace of the LangGraph store in {self.location} is being written by another "
+                f"process for longer than {self.write_wait:g} s; nothing was changed. Try again, or raise "
+                "the wait (lock_timeout= in the URL)."
             ) from None
         except Exception as e:
+            self._release(conn, taken)
             raise self._error(e, "lock") from None
-        self._write_depth = 1
+        self._lock_conn = conn
+        self._held.update(new)
+        return new
 
-    def unlock_writes(self) -> None:
-        """Release the write lock taken by :meth:`lock_writes` (a lost connection released it already)."""
-        if self._write_depth > 1:
-            self._write_depth -= 1
+    def unlock_namespaces(self, keys: Iterable[str]) -> None:
+        """Release locks taken by :meth:`lock_namespaces` (a lost connection released them already)."""
+        keys = [k for k in keys if k in self._held]
+        self._held.difference_update(keys)
+        conn = self._lock_conn
+        if not self._held:
+            self._lock_conn = None
+        if conn is not None and conn is self._conn:
+            self._release(conn, keys)
+
+    def holds(self, key: str) -> bool:
+        """Whether this process holds the write lock of the namespace ``key``."""
+        return key in self._held and self._lock_conn is not None and self._lock_conn is self._conn
+
+    def _release(self, conn: psycopg.Connection[Any], keys: list[str]) -> None:
+        if conn.closed or conn.broken:
             return
-        self._write_depth = 0
-        c = self._conn
-        if c is not None and not c.closed and not c.broken:
-            try:
-                c.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
-            except Exception:
-                self._drop()  # closing the session releases the lock
+        try:
+            for key in keys:
+                conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (NS_LOCK_CLASS, key))
+        except Exception:
+            self._drop()  # closing the session releases the locks
 
     def stored_seq(self) -> int:
         """The stored change sequence (see :meth:`_ItemsDB.stored_seq`)."""
@@ -508,7 +577,9 @@ class _PostgresItems(_ItemsDB):
             if missing_ok:
                 return False
             raise PersistenceError(f"{where} holds no LangGraph store; call setup() first.")
-        extra = sorted(n for n, k in rels.items() if n not in _TABLES or k not in ("r", "p"))
+        extra = sorted(
+            n for n, k in rels.items() if (n not in _TABLES and n != "changes") or k not in ("r", "p")
+        )
         if extra:
             raise _not_ours(where, f"unexpected relations {', '.join(extra)}")
         cur.execute(
@@ -531,6 +602,8 @@ class _PostgresItems(_ItemsDB):
             raise _not_ours(where, f"it has triggers: {', '.join(triggers)}")
         _, self.format = _check_meta(cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), where)
         _check_columns({t: tuple(c) for t, c in cols.items()}, self.format, where)
+        if ("changes" in cols or self.format == FORMAT) and tuple(cols.get("changes", ())) != ("ns", "txid"):
+            raise _not_ours(where, f"table 'changes' has columns {tuple(cols.get('changes', ()))}")
         return True
 
     def setup(self) -> None:
@@ -547,16 +620,25 @@ class _PostgresItems(_ItemsDB):
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, _SETUP_LOCK))
                 if self._check(cur, missing_ok=True):
-                    if self.format == _OLD_FORMAT:
-                        for stmt in _MIGRATE:
-                            cur.execute(self.sql(stmt))
+                    if self.format in _OLDER:
+                        # after a writer of an older version (store-wide lock); the new seq makes such
+                        # processes reload, which fails on the new format: they stop writing
+                        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, _WRITE_LOCK))
+                        if self.format == _OLD_FORMAT:
+                            for stmt in _MIGRATE:
+                                cur.execute(self.sql(stmt))
+                        for stmt in _CHANGES_DDL:
+                            cur.execute(stmt)
                         cur.execute(
                             f"UPDATE {SCHEMA}.meta SET value = %s WHERE key = 'format'", (_dumps(FORMAT),)
+                        )
+                        cur.execute(
+                            f"UPDATE {SCHEMA}.meta SET value = (value::bigint + 1)::text WHERE key = 'seq'"
                         )
                         self.format = FORMAT
                     return
                 cur.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-                for stmt in _DDL:
+                for stmt in (*_DDL, *_CHANGES_DDL):
                     cur.execute(self.sql(stmt))
                 cur.executemany(
                     f"INSERT INTO {SCHEMA}.meta (key, value) VALUES (%s, %s)",
@@ -575,72 +657,88 @@ class _PostgresItems(_ItemsDB):
         try:
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                snapshot = str(cur.execute("SELECT pg_current_snapshot()::text").fetchone()[0])  # type: ignore[index]
                 self._check(cur, missing_ok=False)
                 seq, fmt = _check_meta(
                     cur.execute(f"SELECT key, value FROM {SCHEMA}.meta").fetchall(), self.location
                 )
                 if fmt != FORMAT:
                     raise PersistenceError(f"{self.location} holds format {fmt}; call setup() to migrate it.")
-                spaces = cur.execute(f"SELECT ns, pos FROM {SCHEMA}.spaces ORDER BY pos").fetchall()
+                spaces = cur.execute(f"SELECT ns, pos FROM {SCHEMA}.spaces ORDER BY pos, ns").fetchall()
                 items = cur.execute(f"SELECT {_ITEM_COLUMNS} FROM {SCHEMA}.items ORDER BY pos").fetchall()
         except Exception as e:
             raise self._error(e, "read") from None
+        self.snapshot = snapshot
         return seq, spaces, items
 
-    def write(self, seq: int, statements: list[Statement]) -> int:
-        """Run ``statements`` in one transaction (see :meth:`_ItemsDB.write`).
+    def changes(self) -> tuple[list[str], list[Any], list[Any]] | None:
+        """What other processes (and this one) committed since the last :meth:`load` or call: ``None``
+        when nothing, else ``(changed namespace keys, their spaces rows, their item rows in pos order)``,
+        all from one snapshot, which becomes :attr:`snapshot`. Reads only the namespaces written since
+        (the ``changes`` rows of transactions the previous snapshot did not see), never the others, in
+        one statement outside any transaction block.
 
-        A connection found dead by the transaction's first statement (e.g. after a server restart) is
-        replaced and the transaction run once more; nothing of it had reached the server. When the
+        Raises:
+            PersistenceError: the database cannot be read (nothing changes; tried again next time).
+        """
+        try:
+            row = self.conn.execute(_CATCH_UP, (self.snapshot, self.snapshot)).fetchone()
+        except Exception as e:
+            raise self._error(e, "read") from None
+        snapshot, keys, spaces, items = row  # type: ignore[misc]
+        keys = [str(k) for k in keys or ()]
+        spaces, items = list(spaces or ()), list(items or ())
+        self.snapshot = snapshot
+        return (keys, spaces, items) if keys else None
+
+    def write(self, seq: int, statements: list[Statement]) -> int:
+        """Run ``statements`` in one transaction, marking their namespaces changed; returns ``seq + 1``
+        (the sequence is not stored: each namespace's writers take turns on its lock instead).
+
+        Every namespace written must be locked by this process (:meth:`lock_namespaces`), on the
+        connection the write uses, so no other process wrote them since this one caught up. When the
         ``COMMIT`` fails, the server is asked on a fresh connection whether it landed (``txid_status``):
         if it did, the write succeeded.
 
         Raises:
             CommitUnknownError: the ``COMMIT`` got no reply and the server cannot tell whether it landed.
-            PersistenceError: the write failed and changed nothing.
+            PersistenceError: the write failed and changed nothing, or a namespace's lock is not held
+                (never taken, or lost with its connection).
         """
-        import psycopg
-
         from shared_core.stores.pg_connection import ask_commit_outcome, first_line
 
-        for attempt in (0, 1):
-            conn = self.conn
-            started = committing = False
-            xid = 0
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    row = cur.execute(
-                        f"SELECT value, txid_current() FROM {SCHEMA}.meta WHERE key = 'seq' FOR UPDATE"
-                    ).fetchone()
-                    started = True
-                    stored = json.loads(row[0]) if row is not None else None
-                    if stored != seq:
-                        raise self._changed(seq, stored)
-                    xid = int(row[1])  # type: ignore[index]
-                    for sql, params in statements:
-                        cur.execute(self.sql(sql).replace("?", "%s"), params)
-                    cur.execute(f"UPDATE {SCHEMA}.meta SET value = %s WHERE key = 'seq'", (str(seq + 1),))
-                    committing = True  # leaving the block sends COMMIT
-            except Exception as e:
-                if isinstance(e, psycopg.OperationalError) and not started and attempt == 0:
-                    self._drop()
-                    continue
-                err = self._error(e, "write the items to")
-                if not committing:
-                    raise err from None
-                outcome = ask_commit_outcome(self._connect, xid, self._timeout)
-                if outcome:
-                    return seq + 1  # the COMMIT landed; only its reply was lost
-                if outcome is None:
-                    raise CommitUnknownError(
-                        f"The connection to PostgreSQL was lost during the COMMIT of the items of the "
-                        f"LangGraph store in {self.location}, and the server cannot be asked whether it "
-                        f"landed ({first_line(e)}): the items may or may not be stored. The store reloads "
-                        "its items before its next operation; check them before retrying."
-                    ) from None
+        keys = sorted({str(params[_NS_AT[sql]]) for sql, params in statements})
+        conn = self.conn
+        if not all(self.holds(k) for k in keys):
+            raise PersistenceError(
+                f"The write lock of a namespace of the LangGraph store in {self.location} is not held (its "
+                "connection was lost); nothing was written. Retry the operation."
+            )
+        committing = False
+        xid = 0
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                xid = int(cur.execute("SELECT txid_current()").fetchone()[0])  # type: ignore[index]
+                for sql, params in statements:
+                    cur.execute(self.sql(sql).replace("?", "%s"), params)
+                cur.execute(_MARK, (keys,))
+                committing = True  # leaving the block sends COMMIT
+        except Exception as e:
+            err = self._error(e, "write the items to")
+            if not committing:
                 raise err from None
-            return seq + 1
-        raise AssertionError("unreachable")  # pragma: no cover
+            outcome = ask_commit_outcome(self._connect, xid, self._timeout)
+            if outcome:
+                return seq + 1  # the COMMIT landed; only its reply was lost
+            if outcome is None:
+                raise CommitUnknownError(
+                    f"The connection to PostgreSQL was lost during the COMMIT of the items of the "
+                    f"LangGraph store in {self.location}, and the server cannot be asked whether it "
+                    f"landed ({first_line(e)}): the items may or may not be stored. The store reloads "
+                    "its items before its next operation; check them before retrying."
+                ) from None
+            raise err from None
+        return seq + 1
 
     def close(self) -> None:
         """Close the connection, releasing the store's lock (idempotent)."""

@@ -15,7 +15,14 @@ from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.utils import get_tokenizer
 
 from shared_core.memories.base import HierarchicalMemory
-from shared_core.namespaces import MAX_PARTS, MemoryStore, Namespace, normalize_namespace
+from shared_core.namespaces import (
+    DEFAULT_MAX_RESIDENT,
+    MAX_PARTS,
+    MemoryStore,
+    Namespace,
+    check_max_resident,
+    normalize_namespace,
+)
 from shared_core.types import HierMemError, Hit, InvalidInputError, Message
 
 from .models import resolve_embedder, resolve_llm
@@ -107,7 +114,13 @@ class HierMemBlock(BaseMemoryBlock[str]):
         store_dir: directory of durable per-session stores (``MemoryStore(..., durable=True)``; a str or
             path); default ``None`` = the memories live in this process only.
         store: a ready :class:`~shared_core.namespaces.MemoryStore` to keep the sessions in (its factory
-            builds them; its ``root_dir`` / ``durable`` settings apply); default ``None``.
+            builds them; its ``root_dir`` / ``durable`` / ``max_resident`` settings apply); default
+            ``None``.
+        max_resident: most sessions kept open at once in the block's own store, default 256
+            (:data:`~shared_core.namespaces.DEFAULT_MAX_RESIDENT`); with ``store_dir`` the least recently
+            used sessions beyond it are closed and reopened from their store on their next use (nothing is
+            embedded again); ``None``: no limit. Sessions without ``store_dir`` live only in RAM and are
+            never evicted.
         namespace: prefix of the sessions' namespaces in the store (a string or a tuple of up to 7
             strings), default ``None`` = ``(name,)``.
         memory: one explicit core memory for a single session (see above); default ``None``.
@@ -122,9 +135,10 @@ class HierMemBlock(BaseMemoryBlock[str]):
 
     Raises:
         InvalidInputError: ``memory`` is not a hiermem memory, or given with any of ``memory_factory``,
-            ``embed_model``, ``llm``, ``memory_kwargs``, ``store_dir``, ``store``, ``namespace``;
-            ``session_id`` without ``memory``; ``store`` with ``memory_factory``, models, ``memory_kwargs``
-            or ``store_dir``; ``memory_factory`` with models or ``memory_kwargs``; a bad
+            ``embed_model``, ``llm``, ``memory_kwargs``, ``store_dir``, ``store``, ``namespace``,
+            ``max_resident``; ``session_id`` without ``memory``; ``store`` with ``memory_factory``, models,
+            ``memory_kwargs``, ``store_dir`` or ``max_resident``; ``memory_factory`` with models or
+            ``memory_kwargs``; ``max_resident`` not a positive integer or ``None``; a bad
             ``similarity_top_k``, ``max_tokens``, namespace, session id or policy parameter; an option the
             default ``SegTreeMem`` does not take.
         SessionMismatchError: ``memory`` holds messages of another session than ``session_id``.
@@ -146,6 +160,9 @@ class HierMemBlock(BaseMemoryBlock[str]):
     memory_kwargs: dict[str, Any] = Field(default_factory=dict, description="Options of the default memory.")
     store_dir: Any = Field(default=None, description="Directory of the durable per-session stores.")
     store: Any = Field(default=None, exclude=True, description="A MemoryStore holding the sessions.")
+    max_resident: Any = Field(
+        default=DEFAULT_MAX_RESIDENT, description="Most sessions kept open at once (None: no limit)."
+    )
     namespace: Any = Field(default=None, description="Namespace prefix of the sessions in the store.")
     memory: Any = Field(default=None, exclude=True, description="One explicit core memory (one session).")
     session_id: Any = Field(default=None, description="The one session an explicit memory serves.")
@@ -172,7 +189,10 @@ class HierMemBlock(BaseMemoryBlock[str]):
             self._setup_store()
 
     def _given(self, *names: str) -> list[str]:
-        return [n for n in names if getattr(self, n) not in (None, {}, ())]
+        given = [n for n in names if n != "max_resident" and getattr(self, n) not in (None, {}, ())]
+        if "max_resident" in names and "max_resident" in self.model_fields_set:
+            given.append("max_resident")
+        return given
 
     def _setup_explicit(self) -> None:
         if not isinstance(self.memory, HierarchicalMemory):
@@ -180,7 +200,14 @@ class HierMemBlock(BaseMemoryBlock[str]):
                 f"memory must be a hiermem memory (e.g. SegTreeMem()), got {type(self.memory).__name__}."
             )
         clash = self._given(
-            "memory_factory", "embed_model", "llm", "memory_kwargs", "store_dir", "store", "namespace"
+            "memory_factory",
+            "embed_model",
+            "llm",
+            "memory_kwargs",
+            "store_dir",
+            "store",
+            "namespace",
+            "max_resident",
         )
         if clash:
             raise InvalidInputError(
@@ -193,6 +220,7 @@ class HierMemBlock(BaseMemoryBlock[str]):
             self._bind(self.session_id)
 
     def _setup_store(self) -> None:
+        check_max_resident(self.max_resident)
         if self.session_id is not None:
             raise InvalidInputError(
                 "session_id= pins an explicit memory= to one session; without memory= the block keeps one "
@@ -211,10 +239,13 @@ class HierMemBlock(BaseMemoryBlock[str]):
                 raise InvalidInputError(
                     f"store must be a shared_core.namespaces.MemoryStore, got {type(self.store).__name__}."
                 )
-            clash = self._given("memory_factory", "embed_model", "llm", "memory_kwargs", "store_dir")
+            clash = self._given(
+                "memory_factory", "embed_model", "llm", "memory_kwargs", "store_dir", "max_resident"
+            )
             if clash:
                 raise InvalidInputError(
-                    f"store= brings its own factory and directory; do not also pass {', '.join(clash)}."
+                    "store= brings its own factory, directory and max_resident; do not also pass "
+                    f"{', '.join(clash)}."
                 )
             self._store = self.store
             return
@@ -237,7 +268,9 @@ class HierMemBlock(BaseMemoryBlock[str]):
             factory: Callable[..., HierarchicalMemory] = self.memory_factory
         else:
             factory = self._default_factory()
-        self._store = MemoryStore(factory, self.store_dir, durable=self.store_dir is not None)
+        self._store = MemoryStore(
+            factory, self.store_dir, durable=self.store_dir is not None, max_resident=self.max_resident
+        )
 
     def _default_factory(self) -> Callable[[], HierarchicalMemory]:
         from shared_core.memories.segtree import SegTreeMem

@@ -212,6 +212,13 @@ def mcp(
     memory: str = typer.Option(
         "segtree", "--memory", help="Memory of new namespaces: segtree, memtree, hat or xmemory."
     ),
+    max_resident: int = typer.Option(
+        256,
+        "--max-resident",
+        metavar="N",
+        help="Most namespaces kept open at once (a positive integer); the least recently used ones of a "
+        "--store are closed and reopened from it on their next call (nothing is embedded again).",
+    ),
 ) -> None:
     """Serve memories over the Model Context Protocol (tools: remember, recall, forget, list_namespaces,
     memory_stats).
@@ -244,6 +251,7 @@ def mcp(
             tokens=tokens,
             on_ready=lambda line: err.print(line, markup=False, soft_wrap=True),
             on_notice=lambda line: err.print(line, style="yellow", markup=False, soft_wrap=True),
+            max_resident=max_resident,
         )
     except HierMemError as e:
         err.print(f"[red]cannot serve:[/red] {escape(str(e))}", soft_wrap=True)

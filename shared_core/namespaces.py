@@ -84,6 +84,7 @@ __all__ = [
     "MAX_PARTS",
     "MemoryStore",
     "Namespace",
+    "check_max_resident",
     "NamespaceDeletedError",
     "namespace_dirname",
     "normalize_namespace",
@@ -98,6 +99,24 @@ _STALE_ATTEMPTS = 3
 _MISSING: Any = object()
 _SAVE = "memory"
 _SQLITE = "memory.sqlite"
+
+
+def check_max_resident(max_resident: Any) -> int | None:
+    """``max_resident`` as a :class:`MemoryStore` takes it: a positive integer (most namespaces kept open
+    at once) or ``None`` (no limit). Every layer that passes it on (the LangGraph store, the LlamaIndex
+    memory block, the MCP server) validates it with this, so they all refuse the same values.
+
+    Raises:
+        InvalidInputError: a bool, a non-integer, or an integer below 1.
+    """
+    if max_resident is not None and (
+        isinstance(max_resident, bool) or not isinstance(max_resident, int) or max_resident < 1
+    ):
+        raise InvalidInputError(
+            f"max_resident must be a positive integer (namespaces kept open at once) or None (no "
+            f"limit), got {max_resident!r}."
+        )
+    return max_resident
 
 
 def namespace_dirname(ns: NamespaceLike) -> str:
@@ -168,13 +187,7 @@ class MemoryStore:
     ) -> None:
         if not callable(factory):
             raise InvalidInputError("factory must be a callable returning a new memory.")
-        if max_resident is not None and (
-            isinstance(max_resident, bool) or not isinstance(max_resident, int) or max_resident < 1
-        ):
-            raise InvalidInputError(
-                f"max_resident must be a positive integer (namespaces kept open at once) or None (no "
-                f"limit), got {max_resident!r}."
-            )
+        max_resident = check_max_resident(max_resident)
         if url is not None:
             if root_dir is not None:
                 raise InvalidInputError(
@@ -379,6 +392,17 @@ class MemoryStore:
         without a durable store)."""
         with self._lock:
             return len(self._mems)
+
+    def is_resident(self, ns: NamespaceLike) -> bool:
+        """Whether the memory of ``ns`` is open now (counted in :attr:`resident`); ``False`` for an
+        evicted, a stored-only, an unknown or an invalid namespace. Never opens anything."""
+        try:
+            parts = normalize_namespace(ns)
+        except InvalidInputError:
+            return False
+        with self._lock:
+            self._drain()
+            return parts in self._mems
 
     def stats(self) -> dict[str, Any]:
         """Figures of the namespace table.

@@ -105,6 +105,14 @@ def bench_command(
         "--locomo",
         help="With --ingest: a LoCoMo JSON file (conv-26 is used) besides the RealMem excerpt.",
     ),
+    cold_open: bool = typer.Option(
+        False,
+        "--cold-open",
+        help="Run ONLY the evicted-namespace workload: for each memory and each of --sizes messages per "
+        "namespace, the cold open of an evicted namespace (rows and vectors read back, nothing embedded "
+        "again) and the RSS per resident message, on SQLite and, with --postgres URL, on PostgreSQL too. "
+        "Writes namespaces.json and namespaces.md to --out.",
+    ),
     ingest_modes: str = typer.Option(
         "default",
         "--ingest-modes",
@@ -143,11 +151,15 @@ def bench_command(
     thread, peak memory; then messages per second with the real local embedder. Writes bench.json,
     bench.md and bench.png to --out.
 
-    With --postgres URL only the many-processes benchmark runs instead (see docs/storage.md); with
+    With --cold-open only the evicted-namespace workload runs (SQLite, and PostgreSQL with --postgres);
+    with --postgres URL alone only the many-processes benchmark runs instead (see docs/storage.md); with
     --conversation and/or --ingest only those workloads run (see docs/evaluation.md); with --llm-cost
     only the LLM cost count runs (see docs/performance.md).
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if cold_open:
+        _cold_open_bench(sizes, memories, postgres, seed, out)
+        return
     if postgres is not None:
         _process_bench(postgres, processes, 50 if messages is None else messages, retrieves, memories, out)
         return
@@ -359,3 +371,29 @@ def _process_bench(url: str, processes: str, messages: int, queries: int, memori
     (out / "processes.md").write_text(md, encoding="utf-8")
     _console.print(md, soft_wrap=True, markup=False, highlight=False)
     _console.print(f"wrote {out / 'processes.json'}, {out / 'processes.md'}")
+
+
+def _cold_open_bench(sizes: str, memories: str, postgres: str | None, seed: int, out: Path) -> None:
+    """``hiermem bench --cold-open``: evicted namespaces reopened, written to ``out``."""
+    import json
+
+    from .namespaces import cold_open_bench, cold_open_markdown
+
+    kinds = [m.strip() for m in memories.split(",") if m.strip()]
+    if memories.strip().lower() == "all" or not kinds:
+        kinds = ["segtree", "memtree", "hat", "xmemory"]
+    size_list = _ints(sizes, "--sizes") or []
+    if not size_list:
+        raise typer.BadParameter(f"--sizes needs at least one size, got {sizes!r}.")
+    try:
+        doc = cold_open_bench(
+            kinds, size_list, postgres=postgres, seed=seed, progress=lambda msg: _console.print(msg)
+        )
+    except HierMemError as e:
+        raise _fail(e) from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "namespaces.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    md = cold_open_markdown(doc)
+    (out / "namespaces.md").write_text(md, encoding="utf-8")
+    _console.print(md, soft_wrap=True, markup=False, highlight=False)
+    _console.print(f"wrote {out / 'namespaces.json'}, {out / 'namespaces.md'}")

@@ -42,7 +42,13 @@ from pydantic import BaseModel, Field
 
 from ..memories.base import HierarchicalMemory
 from ..models.base import Embedder
-from ..namespaces import MAX_PART_CHARS, MemoryStore, normalize_namespace
+from ..namespaces import (
+    DEFAULT_MAX_RESIDENT,
+    MAX_PART_CHARS,
+    MemoryStore,
+    check_max_resident,
+    normalize_namespace,
+)
 from ..stores import is_postgres_url
 from ..types import HierMemError, InvalidInputError, Message
 from ..viz import parse_timestamp
@@ -434,7 +440,11 @@ def memory_factory(memory: str, embedder: Embedder) -> Callable[[], Hierarchical
 
 
 def open_store(
-    store: str | Path | None = None, memory: str = "segtree", embedder: Embedder | None = None
+    store: str | Path | None = None,
+    memory: str = "segtree",
+    embedder: Embedder | None = None,
+    *,
+    max_resident: int | None = DEFAULT_MAX_RESIDENT,
 ) -> MemoryStore:
     """The namespaced memories the server serves.
 
@@ -443,23 +453,28 @@ def open_store(
             namespace; ``~`` is expanded, the directory is created) or a ``postgresql://`` URL.
         memory: the memory kind of new namespaces, one of :data:`MEMORY_KINDS`.
         embedder: shared by every namespace; default the embedded :class:`LocalEmbedder`.
+        max_resident: most namespaces kept open at once (the least recently used durable ones beyond it
+            are closed and reopened from their store on their next call), default 256; ``None``: no
+            limit. In-memory namespaces (``store=None``) are never evicted.
 
     Returns:
         A :class:`~shared_core.namespaces.MemoryStore`.
 
     Raises:
-        InvalidInputError: an unknown kind, a malformed URL.
+        InvalidInputError: an unknown kind, a malformed URL, ``max_resident`` not a positive integer or
+            ``None``.
         PersistenceError: the directory cannot be created or the database reached.
     """
+    max_resident = check_max_resident(max_resident)
     if embedder is None:
         from ..models.local import LocalEmbedder
 
         embedder = LocalEmbedder()
     factory = memory_factory(memory, embedder)
     if store is None:
-        return MemoryStore(factory)
+        return MemoryStore(factory, max_resident=max_resident)
     if isinstance(store, str) and is_postgres_url(store):
-        return MemoryStore(factory, url=store)
+        return MemoryStore(factory, url=store, max_resident=max_resident)
     root = Path(store).expanduser()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -467,7 +482,7 @@ def open_store(
         from ..types import PersistenceError
 
         raise PersistenceError(f"Cannot create the store directory {root}: {e}") from None
-    return MemoryStore(factory, root_dir=root, durable=True)
+    return MemoryStore(factory, root_dir=root, durable=True, max_resident=max_resident)
 
 
 def _warm_up(embedder: Embedder) -> None:
@@ -570,6 +585,7 @@ def serve(
     embedder: Embedder | None = None,
     on_ready: Callable[[str], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    max_resident: int | None = DEFAULT_MAX_RESIDENT,
 ) -> None:
     """Serve the memory tools until the client disconnects (stdio) or the process is interrupted (HTTP).
 
@@ -586,14 +602,16 @@ def serve(
         on_ready: called with a one-line description before serving (e.g. to print it on stderr).
         on_notice: called with each warning (an unauthenticated loopback server, a tokens file other
             users can read); default: printed on stderr.
+        max_resident: most namespaces kept open at once, default 256 (see :func:`open_store`).
 
     Raises:
-        InvalidInputError: a bad ``http``, kind or URL; ``tokens`` without ``http``.
+        InvalidInputError: a bad ``http``, kind, URL or ``max_resident``; ``tokens`` without ``http``.
         UnauthenticatedBindError: ``http`` on a host other than loopback without ``tokens``.
         TokensFileError: an unreadable or malformed tokens file.
         PersistenceError: the store cannot be opened.
     """
     notice = on_notice if on_notice is not None else _print_notice
+    max_resident = check_max_resident(max_resident)
     address = parse_host_port(http) if http is not None else None
     table: TokenTable | None = None
     if tokens is not None:
@@ -618,7 +636,7 @@ def serve(
         from ..models.local import LocalEmbedder
 
         embedder = LocalEmbedder()
-    mem_store = open_store(store, memory, embedder)
+    mem_store = open_store(store, memory, embedder, max_resident=max_resident)
     try:
         server = build_server(
             mem_store, warm_up=embedder, tokens=table, address=address or ("127.0.0.1", 8000)
