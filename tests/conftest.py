@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.openai_server import openai_server  # noqa: F401  (fixture)
+from tests.support.openai_server import openai_server  # noqa: F401  (fixture)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,11 +33,11 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def pg_cluster():
-    """A private PostgreSQL server for the test session (see tests/pg.py): a cluster in a temporary
+    """A private PostgreSQL server for the test session (see tests/support/pg.py): a cluster in a temporary
     directory on a Unix socket, run as the ``postgres`` system user when the tests run as root. Skips
     only where no PostgreSQL server binaries can be had."""
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'hiermem[postgres]')")
-    from tests.pg import PgCluster, find_bindir, server_user
+    from tests.support.pg import PgCluster, find_bindir, server_user
 
     bindir = find_bindir()
     if bindir is None:

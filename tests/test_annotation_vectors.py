@@ -13,20 +13,8 @@ import pytest
 from shared_core import HAT, MemTree, SegTreeMem
 from shared_core.models.extractive import ExtractiveSummarizer
 from shared_core.types import InvalidInputError, UnknownPolicyError
-from tests.test_durable import HashEmbedder, make_memory
-from tests.vectors import check_node_vectors
-
-
-class CountingEmbedder(HashEmbedder):
-    """HashEmbedder that records every text it embeds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def embed(self, texts):
-        self.seen.extend(texts)
-        return super().embed(texts)
+from tests.support.memory import CountingEmbedder, HashEmbedder, make_memory
+from tests.support.vectors import check_node_vectors
 
 
 def _unit(v):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from shared_core.memories.base import TokenBudget, count_tokens
-from tests.test_durable import KINDS, HashEmbedder, make_memory
+from tests.support.memory import KINDS, HashEmbedder, make_memory
 
 # LLM-free policies that rank every node (the greedy walk applies to their whole ranking)
 RANKING_POLICIES = {

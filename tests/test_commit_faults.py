@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
 from typing import Any
 
 import faiss
@@ -26,9 +25,9 @@ from shared_core import HierarchicalMemory
 from shared_core.durable import DurableStore
 from shared_core.search.index import NodeIndex
 from shared_core.types import PersistenceError
-from tests.test_durable import (
+from tests.support.faults import Fault, answers, index_snapshot
+from tests.support.memory import (
     KINDS,
-    LLM_FREE_POLICIES,
     HashEmbedder,
     check_tree,
     make_memory,
@@ -43,26 +42,6 @@ EXCEPTIONS = {
     "interrupt": lambda: KeyboardInterrupt(),
     "memory": lambda: MemoryError(),
 }
-
-
-class Fault:
-    """One-shot fault: the first call of the patched function raises (before or after the real call)."""
-
-    def __init__(self, exc: BaseException, after: bool = False) -> None:
-        self.exc = exc
-        self.after = after
-        self.fired = 0
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def patched(*args: Any, **kwargs: Any) -> Any:
-            if self.fired:
-                return fn(*args, **kwargs)
-            self.fired += 1
-            if self.after:
-                fn(*args, **kwargs)
-            raise self.exc
-
-        return patched
 
 
 def _patch(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, fault: Fault) -> None:
@@ -101,21 +80,6 @@ def inject(point: str, mem: HierarchicalMemory, monkeypatch: pytest.MonkeyPatch,
     else:
         raise AssertionError(point)
     return fault
-
-
-def index_snapshot(mem: HierarchicalMemory) -> tuple[list[int], np.ndarray] | None:
-    """The index's ids in row order and its vectors (a copy)."""
-    if mem._index is None:
-        return None
-    return mem._index.ids.tolist(), mem._index.get(mem._index.ids.tolist())
-
-
-def answers(mem: HierarchicalMemory) -> list[Any]:
-    out = []
-    for policy in LLM_FREE_POLICIES[mem.kind]:
-        hits = mem.retrieve("what about dogs and music", k=5, policy=policy)
-        out.append([(h.node_id, round(h.score, 5), h.text) for h in hits])
-    return out
 
 
 def build(kind: str, tmp_path: Any, durable: bool, n: int = N_BEFORE) -> HierarchicalMemory:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shared_core import HierarchicalMemory, Message
-from tests.test_durable import (
+from tests.support.memory import (
     KINDS,
     LLM_FREE_POLICIES,
     HashEmbedder,

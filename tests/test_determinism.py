@@ -20,13 +20,7 @@ by node id, ascending (insertion index for the flat baselines). Checked here:
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,11 +33,9 @@ from shared_core.memories.xmemory import XMemory
 from shared_core.memories.xmemory import retrieval as R
 from shared_core.search.index import NodeIndex, exact_dot, inner_products, top_k
 from shared_core.search.ranking import best_first
-from tests.test_durable import KINDS, HashEmbedder, make_memory, message_text
-from tests.test_xmemory import BowEmbedder
-from tests.test_xmemory_candidates import QUERIES, _messages
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.determinism import RETRIEVAL_QUERIES, _all_hits, _both_paths, _hits, _memory
+from tests.support.memory import KINDS, HashEmbedder, message_text
+from tests.support.xmemory import QUERIES, BowEmbedder, _messages
 
 
 # --------------------------------------------------------------------------- the reference
@@ -238,23 +230,6 @@ def xmem() -> XMemory:
     return mem
 
 
-def _hits(hits) -> list[tuple[int, str, int]]:
-    return [(h.node_id, h.text, int(np.float64(h.score).view(np.uint64))) for h in hits]
-
-
-def _both_paths(mem: XMemory, q: str, k: int, **params):
-    mem.exact_search_max = 64
-    try:
-        got = mem.retrieve(q, k=k, **params)
-        assert "candidates" in mem.last_trace
-        mem.exact_search_max = None
-        want = mem.retrieve(q, k=k, **params)
-        assert "candidates" not in mem.last_trace
-    finally:
-        mem.exact_search_max = None
-    return got, want
-
-
 @pytest.mark.parametrize("kernel", [None, *KERNELS])
 def test_xmemory_candidates_give_the_exhaustive_hits_under_every_kernel(xmem, monkeypatch, kernel):
     if kernel is not None:
@@ -301,33 +276,6 @@ def test_xmemory_paths_agree_for_queries_moved_by_one_ulp(xmem, monkeypatch, see
 
 
 # --------------------------------------------------------------------------- every memory
-def _memory(kind: str):
-    mem = make_memory(kind)
-    texts = [message_text(i) for i in range(40)]
-    texts += [f"we sold the {a} by the {b}" for a, b in (("boat", "river"), ("river", "boat"))]  # tie
-    for i in range(0, len(texts), 7):
-        mem.add(texts[i : i + 7])
-    return mem
-
-
-def _policies(kind: str) -> list[dict]:
-    out = [
-        {"policy": p}
-        for p in {
-            "segtree": ["collapsed", "top_down", "bottom_up"],
-            "memtree": ["top_down", "collapsed", "traversal"],
-            "hat": ["greedy", "collapsed"],
-            "xmemory": ["top_down", "adaptive", "collapsed"],
-        }[kind]
-    ]
-    return out + [{"relevance": "hybrid"}, {"relevance": "dense", "admissible": "leaves"}]
-
-
-RETRIEVAL_QUERIES = ["what did we sell by the river", "dogs and travel plans", "garden on sunday"]
-
-
-def _all_hits(mem) -> list:
-    return [_hits(mem.retrieve(q, k=6, **p)) for p in _policies(mem.kind) for q in RETRIEVAL_QUERIES]
 
 
 def _permute_rows(mem, seed: int) -> None:
@@ -373,47 +321,3 @@ def test_flat_baselines_give_the_same_hits_under_every_kernel(monkeypatch):
 
 
 # --------------------------------------------------------------------------- other CPUs
-_SCRIPT = r"""
-import json, sys
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-from tests import test_determinism as T
-from shared_core.memories.xmemory import retrieval as R
-R.CANDIDATES_PER_HIT, R.NODES_PER_CANDIDATE = 5, 4
-out = {}
-for kind in T.KINDS:
-    out[kind] = T._all_hits(T._memory(kind))
-mem = T.XMemory(embedder=T.BowEmbedder(), dedup_threshold=0.85, max_episode_messages=5, exact_search_max=None)
-msgs = T._messages(300)
-for i in range(0, len(msgs), 10):
-    mem.add(msgs[i : i + 10])
-out["xmemory-candidates"] = [T._hits(h) for q in T.QUERIES for h in T._both_paths(mem, q, 3)]
-print(json.dumps(out))
-"""
-
-
-def _run(env_extra: dict[str, str]) -> dict:
-    env = {**os.environ, **env_extra, "PYTHONHASHSEED": "0"}
-    res = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(ROOT)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 SIMD levels")
-def test_the_same_hits_with_other_simd_levels_and_blas_kernels():
-    """FAISS's SIMD level (used for the IVF candidates only) and OpenBLAS's kernel (float64 products)
-    forced to other values in subprocesses: every memory's hits, and xMemory's two paths, as here."""
-    import faiss
-
-    here = _run({})
-    variants = [
-        {"FAISS_SIMD_LEVEL": "NONE"},
-        {"OPENBLAS_CORETYPE": "Haswell"},
-        {"OPENBLAS_CORETYPE": "Nehalem"},
-    ]
-    if "AVX2" in faiss.get_compile_options():
-        variants.append({"FAISS_SIMD_LEVEL": "AVX2", "OMP_NUM_THREADS": "1"})
-    for env in variants:
-        assert _run(env) == here, env

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_docs_examples import BLOCKS, DOC_FILES, ROOT, SHELL
+from tests.support.docs import BLOCKS, DOC_FILES, ROOT, SHELL
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

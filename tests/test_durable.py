@@ -6,14 +6,7 @@ factories and a structural invariant check over ``to_dict()``).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import multiprocessing as mp
-import random
-import re
 import sqlite3
-import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,168 +22,19 @@ from shared_core.types import (
     PersistenceError,
     VersionMismatchError,
 )
-from tests.vectors import check_node_vectors
+from tests.support.memory import (
+    KINDS,
+    LLM_FREE_POLICIES,
+    HashEmbedder,
+    check_tree,
+    make_memory,
+    memory_class,
+    message_text,
+    open_memory,
+    stripped,
+)
 
 # --------------------------------------------------------------------------- shared helpers
-KINDS = ["segtree", "memtree", "hat", "xmemory"]
-LLM_FREE_POLICIES = {
-    "segtree": ["collapsed", "top_down", "bottom_up"],
-    "memtree": ["top_down", "collapsed", "traversal"],
-    "hat": ["greedy", "collapsed"],
-    "xmemory": ["adaptive", "representative", "collapsed"],
-}
-
-
-class HashEmbedder:
-    """Cheap deterministic embedder (the same in every process): the sum of one pseudo-random vector per
-    lower-cased word, seeded by BLAKE2b of the word, so texts sharing words are similar."""
-
-    def __init__(self, dim: int = 32) -> None:
-        self._dim = dim
-        self._words: dict[str, np.ndarray] = {}
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    def _word(self, w: str) -> np.ndarray:
-        v = self._words.get(w)
-        if v is None:
-            seed = int.from_bytes(hashlib.blake2b(w.encode("utf-8", "surrogatepass")).digest()[:8], "little")
-            v = np.random.default_rng(seed).standard_normal(self._dim).astype(np.float32)
-            self._words[w] = v
-        return v
-
-    def vector(self, text: str) -> np.ndarray:
-        words = re.findall(r"\w+", text.lower()) or [text]
-        v = np.sum([self._word(w) for w in words], axis=0).astype(np.float32)
-        if not np.any(v):
-            v[0] = 1.0
-        return v
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        texts = list(texts)
-        if not texts:
-            return np.zeros((0, self._dim), np.float32)
-        return np.stack([self.vector(t) for t in texts])
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
-
-
-def memory_class(kind: str) -> type[HierarchicalMemory]:
-    """The class of a memory kind; skips the test when XMemory is not available."""
-    if kind == "xmemory":
-        mod = pytest.importorskip("shared_core.memories.xmemory")
-        return mod.XMemory
-    return {"segtree": SegTreeMem, "memtree": MemTree, "hat": HAT}[kind]
-
-
-def make_memory(kind: str, embedder: Any = None, **kw: Any) -> HierarchicalMemory:
-    """A memory of ``kind`` with the cheap embedder and no LLM (extractive summaries)."""
-    return memory_class(kind)(embedder if embedder is not None else HashEmbedder(), **kw)
-
-
-def message_text(i: int) -> str:
-    """Deterministic message ``i``: a few topic words shared with nearby messages, two sentences."""
-    topics = ["dogs", "travel", "cooking", "music", "work", "garden"]
-    a, b = topics[i % 6], topics[(i // 3) % 6]
-    return f"Message {i} talks about {a} and {b}. It adds detail number {i * 7 % 13} on {a}."
-
-
-def check_tree(mem: HierarchicalMemory, texts: Sequence[str] | None = None, *, deleted: bool = False) -> None:
-    """Structural invariants read off ``to_dict()`` plus each algorithm's own invariants.
-
-    Links are mutual, every node is reachable from the root, leaves are in insertion order (and in
-    left-to-right order for segment-style trees), spans cover the children, the vector index holds
-    exactly the nodes with text (with the vectors of their texts), and: SegTreeMem's four invariants,
-    HAT's layer rule, MemTree's entry counts and branching.
-    """
-    tree = mem.to_dict()["tree"]
-    nodes = {n["id"]: n for n in tree["nodes"]}
-    root = tree["root"]
-    leaves = check_tree_dict(tree, contiguous=mem.contiguous_spans)
-    if root is None:
-        assert mem._index is None or len(mem._index) == 0
-        if texts is not None:
-            assert list(texts) == []
-        return
-    assert [mem._store.nodes[i].text for i in mem._store.leaves()] == [n["text"] for n in leaves]
-    if texts is not None:
-        assert [n["text"] for n in leaves] == list(texts)
-    for n in nodes.values():
-        if n["children"] and mem.kind != "xmemory":
-            spans = [nodes[c]["span"] for c in n["children"]]
-            assert n["span"] == [min(s[0] for s in spans), max(s[1] for s in spans)], f"span of {n['id']}"
-    with_text = sorted(i for i, n in nodes.items() if n["text"])
-    assert mem._index is not None or not with_text
-    if mem._index is not None:
-        assert sorted(mem._index.ids.tolist()) == with_text, "index and tree disagree"
-        if mem.kind != "xmemory" and with_text:
-            check_node_vectors(mem, with_text, mem.embedder)
-    if isinstance(mem, SegTreeMem):
-        from tests.test_segtree import check_invariants
-
-        check_invariants(mem, contiguous=not deleted)
-    if isinstance(mem, MemTree):
-        assert nodes[root]["text"] == ""
-        for n in nodes.values():
-            if not n["is_leaf"] and n["id"] != root:
-                assert len(n["children"]) >= 2
-                assert n["data"]["entries"] == len(mem._store.leaves_under(n["id"]))
-        assert nodes[root]["data"]["entries"] == len(leaves)
-    check = getattr(mem, "check_invariants", None)
-    if callable(check):
-        check()
-
-
-def check_tree_dict(tree: dict[str, Any], contiguous: bool = False) -> list[dict[str, Any]]:
-    """Invariants of a ``to_dict()["tree"]`` snapshot: mutual links, one root, every node reachable,
-    leaves with distinct insertion indices (and, for ``contiguous`` trees, left to right in insertion
-    order). Returns the leaves in insertion order."""
-    json.dumps(tree)  # plain data
-    nodes = {n["id"]: n for n in tree["nodes"]}
-    root = tree["root"]
-    if root is None:
-        assert not nodes, "nodes without a root"
-        return []
-    assert nodes[root]["parent"] is None
-    for n in nodes.values():
-        assert len(set(n["children"])) == len(n["children"])
-        for c in n["children"]:
-            assert nodes[c]["parent"] == n["id"], f"child link {n['id']}->{c} not mutual"
-        if n["parent"] is not None:
-            assert n["id"] in nodes[n["parent"]]["children"], f"parent link of {n['id']} not mutual"
-        if n["is_leaf"]:
-            assert not n["children"] and n["message"] is not None
-            assert n["span"][0] == n["span"][1]
-    seen, queue = set(), deque([root])
-    while queue:
-        i = queue.popleft()
-        seen.add(i)
-        queue.extend(nodes[i]["children"])
-    assert seen == set(nodes), "unreachable nodes"
-    dfs_leaves: list[int] = []
-    stack = [root]
-    while stack:
-        i = stack.pop()
-        if nodes[i]["is_leaf"]:
-            dfs_leaves.append(i)
-        stack.extend(reversed(nodes[i]["children"]))
-    leaves = sorted((n for n in nodes.values() if n["is_leaf"]), key=lambda n: n["span"][0])
-    first = [n["span"][0] for n in leaves]
-    assert first == sorted(set(first)), "leaf insertion indices repeat"
-    assert all(0 <= f < tree["n_inserted"] for f in first)
-    if contiguous:
-        assert dfs_leaves == [n["id"] for n in leaves], "leaves left to right are not in insertion order"
-    return leaves
-
-
-def stripped(d: dict[str, Any]) -> dict[str, Any]:
-    """``to_dict()`` without the wall-clock seconds of its usage (not part of the memory's content)."""
-    d = json.loads(json.dumps(d))
-    d["usage"].pop("seconds", None)
-    return d
 
 
 # --------------------------------------------------------------------------- round trips
@@ -271,10 +115,6 @@ def test_store_keyword_of_the_base_constructor(tmp_path):
     back.close_store()
 
 
-def _open(kind: str, path: Path) -> HierarchicalMemory:
-    return memory_class(kind).open(path, embedder=HashEmbedder())
-
-
 def test_attach_store_to_a_full_memory_then_reopen(tmp_path):
     mem = make_memory("hat", M=3)
     mem.add([message_text(i) for i in range(10)])
@@ -324,12 +164,12 @@ def test_attach_refuses_mismatches(tmp_path):
 
 def test_one_writer_per_store(tmp_path):
     path = tmp_path / "m.sqlite"
-    mem = _open("segtree", path)
+    mem = open_memory("segtree", path)
     mem.add("held by the first memory")
     with pytest.raises(PersistenceError, match="in use"):
         DurableStore(path, timeout=0.05)
     mem.close_store()
-    second = _open("segtree", path)  # free again once closed
+    second = open_memory("segtree", path)  # free again once closed
     assert len(second) == 1
     second.close_store()
 
@@ -338,7 +178,7 @@ def test_one_writer_per_store(tmp_path):
 def test_failed_sqlite_write_rolls_back_memory(kind, tmp_path):
     """A real SQLite failure (database full) during commit: PersistenceError, memory and disk unchanged."""
     path = tmp_path / "m.sqlite"
-    mem = _open(kind, path)
+    mem = open_memory(kind, path)
     mem.add([message_text(i) for i in range(6)])
     before = stripped(mem.to_dict())
     conn = mem._durable.conn
@@ -358,7 +198,7 @@ def test_failed_sqlite_write_rolls_back_memory(kind, tmp_path):
     conn.execute("PRAGMA query_only=OFF")
     mem.add("long message about dogs " * 400)  # works again
     mem.close_store()
-    back = _open(kind, path)
+    back = open_memory(kind, path)
     check_tree(back, [*(message_text(i) for i in range(6)), "long message about dogs " * 400])
     back.close_store()
 
@@ -398,12 +238,12 @@ def _rows(mem: HierarchicalMemory) -> list[Any]:
 
 def test_clear_is_durable(tmp_path):
     path = tmp_path / "m.sqlite"
-    mem = _open("memtree", path)
+    mem = open_memory("memtree", path)
     mem.add([message_text(i) for i in range(5)])
     mem.clear()
     mem.add("after the clear")
     mem.close_store()
-    back = _open("memtree", path)
+    back = open_memory("memtree", path)
     check_tree(back, ["after the clear"])
     back.close_store()
 
@@ -411,7 +251,7 @@ def test_clear_is_durable(tmp_path):
 # --------------------------------------------------------------------------- tampered stores
 def _store_with_data(tmp_path: Path) -> Path:
     path = tmp_path / "t.sqlite"
-    mem = _open("segtree", path)
+    mem = open_memory("segtree", path)
     mem.add([message_text(i) for i in range(4)])
     mem.close_store()
     return path
@@ -463,78 +303,3 @@ def test_not_a_database(tmp_path):
 
 
 # --------------------------------------------------------------------------- SIGKILL
-def _writer(kind: str, path: str, conn: Any, limit: int) -> None:
-    """Child: open the store, report how many messages it holds, then add messages one by one and send
-    the index of each one after ``add`` returned (the acknowledgement)."""
-    mem = memory_class(kind).open(path, embedder=HashEmbedder(), synchronous="FULL")
-    start = len(mem)
-    conn.send(("ready", start))
-    for i in range(start, start + limit):
-        mem.add(Message(message_text(i), id=f"m{i}"))
-        conn.send(("ack", i))
-    conn.send(("done", start + limit))
-    time.sleep(30)
-
-
-def _context() -> Any:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.test_durable"])
-    return ctx
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_sigkill_never_loses_an_acknowledged_message(kind, tmp_path):
-    """Child processes adding messages one by one are SIGKILLed at random moments; after every kill the
-    reopened store holds every acknowledged message (in order, none half-inserted) and a valid tree."""
-    memory_class(kind)
-    runs, limit = 8, 400
-    ctx = _context()
-    rng = random.Random(f"sigkill-{kind}")
-    path = tmp_path / f"{kind}.sqlite"
-    acked_total = killed = lost = unacked_kept = 0
-    max_acked = -1
-    for run in range(runs):
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_writer, args=(kind, str(path), send, limit), daemon=True)
-        proc.start()
-        send.close()
-        early = run % 4 == 3  # every fourth run is killed at a random moment of start-up / reopen
-        if early:
-            time.sleep(rng.uniform(0.0, 0.2))
-        else:
-            assert recv.poll(60), "child did not start"
-            time.sleep(rng.uniform(0.02, 0.35))
-        proc.kill()  # SIGKILL
-        proc.join(10)
-        assert proc.exitcode == -9, f"run {run}: child ended by itself (exit {proc.exitcode})"
-        killed += 1
-        acks = []
-        try:
-            while recv.poll():
-                tag, i = recv.recv()
-                if tag == "ack":
-                    acks.append(i)
-        except (EOFError, OSError):
-            pass
-        recv.close()
-        if acks:
-            assert acks == list(range(acks[0], acks[-1] + 1))
-            max_acked = max(max_acked, acks[-1])
-        acked_total += len(acks)
-        mem = _open(kind, path)
-        n = len(mem)
-        lost += max(0, max_acked + 1 - n)
-        assert n >= max_acked + 1, f"run {run}: acknowledged messages lost ({max_acked + 1 - n})"
-        assert n <= max_acked + 2, "more than the one in-flight message appeared"
-        unacked_kept += n - (max_acked + 1)
-        max_acked = n - 1  # an in-flight add that committed before the kill is durable from now on
-        texts = [message_text(i) for i in range(n)]
-        check_tree(mem, texts)
-        assert [mem._store.nodes[i].message.id for i in mem._store.leaves()] == [f"m{i}" for i in range(n)]
-        mem.close_store()
-    print(
-        f"\nSIGKILL[{kind}]: runs={runs} kills={killed} acknowledged={acked_total} "
-        f"stored={max_acked + 1} committed-but-unacknowledged={unacked_kept} lost={lost}"
-    )
-    assert lost == 0
-    assert acked_total > 0

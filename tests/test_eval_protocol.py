@@ -16,7 +16,7 @@ from shared_core.eval import protocol as P
 from shared_core.eval import runner as R
 from shared_core.eval.command import _recorded_command, eval_command
 from shared_core.types import InvalidInputError
-from tests.test_eval_runner import BowEmbedder
+from tests.support.eval import BowEmbedder
 
 # --------------------------------------------------------------------------- paired bootstrap
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,32 +25,11 @@ from shared_core.eval.report import markdown_table
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import eval as P
 from shared_core.types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError
-from tests.openai_server import openai_server  # noqa: F401
+from tests.support.eval import BowEmbedder
+from tests.support.openai_server import openai_server  # noqa: F401
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LOCOMO = DATA / "locomo" / "locomo_dev.json"
-
-
-class BowEmbedder:
-    """Deterministic bag-of-words embedder (hashed lower-cased words, 64-d): fast and topical."""
-
-    dim = 64
-    name = "bow-64"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        self.calls += 1
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in re.findall(r"\w+", t.lower()):
-                out[i, zlib.crc32(w.encode()) % self.dim] += 1.0
-            out[i, 0] += 1e-3  # never a zero vector
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
 
 
 def tiny_conversation() -> Conversation:

@@ -21,8 +21,8 @@ from shared_core import HAT, MemTree, SegTreeMem
 from shared_core.models.openai_models import OpenAIChat, OpenAIEmbedder
 from shared_core.prompts import segtree as SP
 from shared_core.types import EmbeddingError, HierMemError, ModelError
-from tests.openai_server import Reply  # the openai_server fixture comes from tests/conftest.py
-from tests.test_durable import HashEmbedder, check_tree, make_memory, memory_class, message_text, stripped
+from tests.support.memory import HashEmbedder, check_tree, make_memory, memory_class, message_text, stripped
+from tests.support.openai_server import Reply  # the openai_server fixture comes from tests/conftest.py
 
 LLM_MEMORIES = ["segtree-batch", "segtree-pointwise", "memtree", "hat", "xmemory"]
 FAULTS = {"injected": 0}  # counted across the module, printed at the end

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from shared_core.search.filters import message_filter, parse_time_range, where_matcher
 from shared_core.types import InvalidInputError, Message
-from tests.test_durable import KINDS, HashEmbedder, make_memory
+from tests.support.memory import KINDS, HashEmbedder, make_memory
 
 # ----------------------------------------------------------------------------------- the grammar
 

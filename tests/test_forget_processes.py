@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from shared_core import HierarchicalMemory, Message
-from tests.test_durable import HashEmbedder
-from tests.test_forget_traces import KINDS4, cache_memory, exercise, traces_of
+from tests.support.forget import KINDS4, cache_memory, exercise, traces_of
+from tests.support.memory import HashEmbedder
 
 SECRET = "zq7k7x"
 

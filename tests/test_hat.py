@@ -30,7 +30,7 @@ from shared_core.types import (
     UnknownPolicyError,
     Usage,
 )
-from tests.openai_server import openai_server  # noqa: F401
+from tests.support.openai_server import openai_server  # noqa: F401
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -732,8 +732,8 @@ PLANTED = "Ana adopted a beagle called Luna at the shelter in Lisbon."
 def _big_tree() -> HAT:
     """200 messages on six recurring topics (word-hash embedder, default extractive summaries, M = 4)
     with one fact planted at position 137: four layers below the root."""
-    from tests.test_durable import HashEmbedder as WordEmbedder
-    from tests.test_durable import message_text
+    from tests.support.memory import HashEmbedder as WordEmbedder
+    from tests.support.memory import message_text
 
     texts = [message_text(i) for i in range(200)]
     texts[137] = PLANTED
@@ -907,8 +907,8 @@ FIRST_VERSION_CONFIG = {
 
 
 def _word_tree(**kw) -> HAT:
-    from tests.test_durable import HashEmbedder as WordEmbedder
-    from tests.test_durable import message_text
+    from tests.support.memory import HashEmbedder as WordEmbedder
+    from tests.support.memory import message_text
 
     mem = HAT(WordEmbedder(), M=3, summarizer=ConcatSummarizer(), **kw)
     mem.add([message_text(i) for i in range(40)])
@@ -937,7 +937,7 @@ def test_a_save_of_the_first_version_loads_with_its_behaviour(tmp_path):
     data = json.loads(doc.read_text(encoding="utf-8"))
     data["config"] = dict(FIRST_VERSION_CONFIG)
     doc.write_text(json.dumps(data), encoding="utf-8")
-    from tests.test_durable import HashEmbedder as WordEmbedder
+    from tests.support.memory import HashEmbedder as WordEmbedder
 
     old = HAT.load(path, embedder=WordEmbedder())
     assert old.default_policy == "greedy" and old.search_steps == 10 and old.beam == 10

@@ -45,7 +45,7 @@ from shared_core.types import (
     NodeNotFoundError,
     PersistenceError,
 )
-from tests.test_durable import (
+from tests.support.memory import (
     KINDS,
     LLM_FREE_POLICIES,
     HashEmbedder,

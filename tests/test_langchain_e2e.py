@@ -20,7 +20,7 @@ from pydantic import Field
 from langchain_hiermem import HierMemStore, LangChainEmbedder, LangChainLLM, SegTreeMemory
 from shared_core import SegTreeMem
 from shared_core.prompts import segtree as P
-from tests.openai_server import openai_server  # noqa: F401
+from tests.support.openai_server import openai_server  # noqa: F401
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -52,7 +52,7 @@ from shared_core.types import (
     ModelError,
     UnknownPolicyError,
 )
-from tests.test_durable import HashEmbedder
+from tests.support.memory import HashEmbedder
 
 
 @pytest.fixture(scope="module", autouse=True)

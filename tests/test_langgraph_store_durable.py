@@ -8,7 +8,6 @@ are skipped where no PostgreSQL binaries exist.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import tempfile
 from contextlib import ExitStack
@@ -18,12 +17,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from langchain_core.embeddings import Embeddings
 from langgraph.store.base import BaseStore, InvalidNamespaceError, PutOp
 from langgraph.store.memory import InMemoryStore
 
 from langchain_hiermem import HierMemStore
-from langchain_hiermem.store_durable import SCHEMA, DurableHierMemStore
 from shared_core import SegTreeMem
 from shared_core.types import (
     InvalidInputError,
@@ -32,151 +29,25 @@ from shared_core.types import (
     PersistenceError,
     VersionMismatchError,
 )
-from tests.test_durable import HashEmbedder
-
-DIM = 32
-MEMORY_KWARGS = {"relevance": "dense"}
-NS = ("memories", "ann")
-FACTS = [
-    "My dog is called Luna and she is a beagle.",
-    "I work as a night nurse at the city hospital.",
-    "Last summer we hiked the Pyrenees for two weeks.",
-    "My favourite dish is a spicy ramen with egg.",
-    "The car broke down on the motorway on Tuesday.",
-    "I am learning to play the cello on weekends.",
-]
-
-
-class WordHashEmbeddings(Embeddings):
-    """``HashEmbedder`` (one seeded random vector per word, summed) as LangChain ``Embeddings``: the same
-    vectors in every process, so stores built on it are deterministic."""
-
-    def __init__(self, dim: int = DIM) -> None:
-        self._emb = HashEmbedder(dim)
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self._emb.embed(texts).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
-
-
-class FailOn(WordHashEmbeddings):
-    """Embeddings that fail when asked to embed a given text."""
-
-    def __init__(self, bad: str) -> None:
-        super().__init__()
-        self.bad = bad
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        if self.bad in texts:
-            raise ModelError("embedding service failed")
-        return super().embed_documents(texts)
-
-
-EMBEDDINGS = WordHashEmbeddings()
-
-
-def index(embed: Any = EMBEDDINGS, fields: list[str] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"dims": DIM, "embed": embed}
-    if fields is not None:
-        out["fields"] = fields
-    return out
-
-
-def open_store(conn: Any, embed: Any = EMBEDDINGS, **kw: Any) -> Any:
-    """``HierMemStore.from_conn_string`` with the deterministic embeddings and dense relevance."""
-    return HierMemStore.from_conn_string(
-        conn, index=index(embed, kw.pop("fields", None)), memory_kwargs=MEMORY_KWARGS, **kw
-    )
-
-
-def leaves(store: HierMemStore, ns: tuple[str, ...]) -> list[tuple[str, str]]:
-    """``(key, text)`` of every leaf of a namespace's memory, sorted."""
-    mem = store.get_memory(ns)
-    nodes = mem.to_dict()["tree"]["nodes"] if mem is not None else []
-    return sorted((n["message"]["id"], n["text"]) for n in nodes if n["is_leaf"])
-
-
-def snapshot(
-    store: BaseStore, queries: tuple[str, ...] = ("dog", "hospital nurse", "ramen egg"), scores: bool = True
-) -> Any:
-    """Everything a client can read: namespaces, every item (with timestamps) in order, and query
-    searches (keys, values and, with ``scores``, scores) per namespace prefix. A failed put deletes its
-    new texts again, which can reshape the tree above the old ones: their scores may change, not the
-    items or the leaves."""
-
-    def rows(items: list[Any]) -> list[Any]:
-        return [
-            (i.namespace, i.key, i.value, i.created_at, i.updated_at, round(i.score or 0, 5) * scores)
-            for i in items
-        ]
-
-    namespaces = store.list_namespaces()
-    out: dict[str, Any] = {"namespaces": namespaces, "all": rows(store.search((), limit=1000))}
-    for ns in [(), *namespaces]:
-        for q in queries:
-            out[f"{ns}:{q}"] = rows(store.search(ns, query=q, limit=4))
-    return out
-
-
-def fill(store: HierMemStore) -> None:
-    """Puts of every kind: new keys, an update, a delete, unindexed items, text fields, a batch."""
-    for i, fact in enumerate(FACTS[:4]):
-        store.put(NS, f"k{i}", {"text": fact, "n": i})
-    store.put(NS, "k0", {"text": "My dog is now called Nala.", "n": 0})  # update: replaces the text
-    store.delete(NS, "k2")
-    store.put(NS, "plain", {"n": 99}, index=False)
-    store.put(("memories", "bob"), "note", {"note": FACTS[4], "tags": ["car"]}, index=["note"])
-    store.batch(
-        [
-            PutOp(("other",), "a", {"text": FACTS[5], "nested": {"x": [1, 2.5, None, True]}}),
-            PutOp(("other",), "b", {"content": "unicode: café ☕ \u00e9"}),
-            PutOp(("other",), "a", {"text": FACTS[5] + " Again.", "nested": {"x": []}}),
-        ]
-    )
-
-
-def mirrors(store: HierMemStore) -> None:
-    """Each namespace's memory holds exactly the texts its items index, under their keys."""
-    for ns in store.list_namespaces():
-        want = []
-        for item in store.search(ns, limit=1000):
-            if item.namespace != ns:
-                continue
-            texts = [item.value[f] for f in ("text", "content", "note") if isinstance(item.value.get(f), str)]
-            if item.key == "plain":
-                texts = []
-            want += [(item.key, t) for t in texts[:1]]
-        assert leaves(store, ns) == sorted(want), ns
-
-
-def round_trip(conn: Any) -> None:
-    with open_store(conn) as s:
-        assert isinstance(s, DurableHierMemStore) and isinstance(s, BaseStore)
-        fill(s)
-        before = snapshot(s)
-        mirrors(s)
-    assert s.closed
-    with pytest.raises(PersistenceError, match="closed"):
-        s.get(NS, "k0")
-    with open_store(conn) as s:
-        assert snapshot(s) == before
-        assert s.get(NS, "k0").value == {"text": "My dog is now called Nala.", "n": 0}
-        assert s.get(NS, "k2") is None
-        mirrors(s)
-        # the store goes on from where it was: updates keep the creation time and the insertion order
-        created = s.get(NS, "k1").created_at
-        s.put(NS, "k1", {"text": FACTS[1] + " Still.", "n": 1})
-        s.put(NS, "k9", {"text": "A new fact about cellos and music.", "n": 9})
-        assert s.get(NS, "k1").created_at == created
-        assert [i.key for i in s.search(NS, limit=10)] == ["k0", "k1", "k3", "plain", "k9"]
-        assert asyncio.run(s.aget(NS, "k9")).value["n"] == 9
-        assert [i.key for i in asyncio.run(s.asearch(NS, query="cellos and music", limit=1))] == ["k9"]
-        after = snapshot(s)
-        mirrors(s)
-    with open_store(conn) as s:
-        assert snapshot(s) == after
+from tests.support.langgraph_store import (
+    DIM,
+    EMBEDDINGS,
+    FACTS,
+    KEYS,
+    MEMORY_KWARGS,
+    NAMESPACES,
+    NS,
+    TEXTS,
+    FailOn,
+    _items,
+    _prune,
+    index,
+    leaves,
+    open_store,
+    round_trip,
+    snapshot,
+)
+from tests.support.memory import HashEmbedder
 
 
 # =========================================================================== round trips
@@ -187,14 +58,6 @@ def test_sqlite_round_trip_across_reopen(tmp_path):
     with open_store(str(path)) as s:  # a str path as well as a Path
         s.setup()
         s.setup()  # idempotent
-        assert s.list_namespaces() == [("memories", "ann"), ("memories", "bob"), ("other",)]
-
-
-def test_postgres_round_trip_across_reopen(pg_url):
-    round_trip(pg_url)
-    with open_store(pg_url) as s:
-        s.setup()
-        s.setup()
         assert s.list_namespaces() == [("memories", "ann"), ("memories", "bob"), ("other",)]
 
 
@@ -275,18 +138,6 @@ def test_a_store_is_owned_by_one_process_at_a_time(tmp_path):
         assert s.get(NS, "a").value == {"text": FACTS[0]}
     with open_store(path) as s:  # released on close
         assert s.get(NS, "a").value == {"text": FACTS[0]}
-
-
-def test_a_postgres_store_is_shared_by_several_openers(pg_url):
-    """Two stores open on one URL (as two processes would be) see each other's puts and deletes; the
-    multi-process tests are in tests/test_langgraph_store_processes.py."""
-    with open_store(pg_url) as s, open_store(pg_url) as t:
-        s.put(NS, "a", {"text": FACTS[0]})
-        t.put(NS, "b", {"text": FACTS[1]})
-        s.delete(NS, "a")
-        assert [i.key for i in t.search(NS, limit=10)] == ["b"] and s.get(NS, "b") is not None
-    with open_store(pg_url) as s:
-        assert [i.key for i in s.search(NS, limit=10)] == ["b"] and leaves(s, NS) == [("b", FACTS[1])]
 
 
 # =========================================================================== bad input
@@ -380,69 +231,7 @@ def test_another_format_is_a_version_mismatch(tmp_path):
         pass
 
 
-def _dbname(url: str) -> str:
-    from psycopg.conninfo import conninfo_to_dict
-
-    return str(conninfo_to_dict(url)["dbname"])
-
-
-def _schemas(pg_cluster: Any, db: str) -> list[str]:
-    rows = pg_cluster.execute(db, "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'hiermem%%'")
-    return sorted(str(r[0]) for r in rows)
-
-
-def test_postgres_databases_that_are_not_a_store_are_refused_untouched(pg_cluster, pg_url):
-    db = _dbname(pg_url)
-    pg_cluster.execute(db, f"CREATE SCHEMA {SCHEMA}")
-    pg_cluster.execute(db, f"CREATE TABLE {SCHEMA}.things (id integer)")
-    with pytest.raises(PersistenceError, match="not a hiermem LangGraph store"), open_store(pg_url):
-        pass
-    assert _schemas(pg_cluster, db) == [SCHEMA]  # the memories' schema was not created either
-
-    url2 = pg_cluster.url(pg_cluster.create_database(), connect_timeout="3")
-    db2 = _dbname(url2)
-    pg_cluster.execute(db2, "CREATE SCHEMA hiermem")
-    pg_cluster.execute(db2, "CREATE TABLE hiermem.junk (id integer)")
-    with pytest.raises(PersistenceError, match="not a hiermem store"), open_store(url2):
-        pass
-    assert _schemas(pg_cluster, db2) == ["hiermem"]
-
-    url3 = pg_cluster.url(pg_cluster.create_database(), connect_timeout="3")
-    with open_store(url3) as s:
-        s.put(NS, "a", {"text": FACTS[0]})
-    pg_cluster.execute(_dbname(url3), f"UPDATE {SCHEMA}.meta SET value = '99' WHERE key = 'format'")
-    with pytest.raises(VersionMismatchError), open_store(url3):
-        pass
-    missing = pg_cluster.url("no_such_database", connect_timeout="3")
-    with pytest.raises(PersistenceError, match="Cannot connect"), open_store(missing):
-        pass
-
-
-def test_a_failed_postgres_put_changes_nothing(pg_cluster, pg_url):
-    with open_store(pg_url, FailOn("poison")) as s:
-        s.put(NS, "a", {"text": FACTS[0]})
-        before = (snapshot(s, scores=False), leaves(s, NS))
-        with pytest.raises(ModelError):
-            s.batch([PutOp(("new",), "b", {"text": FACTS[1]}), PutOp(NS, "a", {"text": "poison"})])
-        assert (snapshot(s, scores=False), leaves(s, NS)) == before
-        # a change of the sequence is another process's write: the store reloads, then writes
-        seq = f"UPDATE {SCHEMA}.meta SET value = (value::int + %s)::text WHERE key = 'seq'"
-        pg_cluster.execute(_dbname(pg_url), seq, (1,))
-        assert (snapshot(s, scores=False), leaves(s, NS)) == before
-    with open_store(pg_url) as s:
-        assert (snapshot(s, scores=False), leaves(s, NS)) == before and s.get_memory(("new",)) is None
-
-
 # =========================================================================== differential test
-NAMESPACES = [("a",), ("b", "x"), ("b", "y")]
-KEYS = ["k1", "k2", "k3"]
-TEXTS = [
-    "the dog runs on the beach",
-    "my dog likes the cold sea",
-    "jazz music on a rainy night",
-    "cooking pasta with fresh basil",
-    "music and cooking at the beach",
-]
 FILTERS = [None, {"tag": "red"}, {"n": {"$gte": 2}}, {"n": 1, "tag": "blue"}, {"n": {"$ne": 0}}]
 
 _values = st.fixed_dictionaries(
@@ -486,22 +275,11 @@ _ops = st.lists(
 )
 
 
-def _items(items: list[Any]) -> list[tuple[Any, ...]]:
-    return [(tuple(i.namespace), i.key, i.value) for i in items]
-
-
 def _per_namespace(items: list[Any]) -> dict[tuple[str, ...], list[str]]:
     out: dict[tuple[str, ...], list[str]] = {}
     for i in items:
         out.setdefault(tuple(i.namespace), []).append(i.key)
     return out
-
-
-def _prune(ref: InMemoryStore) -> None:
-    """InMemoryStore lists a namespace once touched (a get, a delete), items or not; HierMemStore (like
-    LangGraph's database stores) lists namespaces that hold items. Drop the empty ones from the reference."""
-    for ns in [ns for ns, items in ref._data.items() if not items]:
-        del ref._data[ns]
 
 
 def _compare_search(dur: BaseStore, ref: InMemoryStore, op: tuple[Any, ...]) -> None:
@@ -629,25 +407,6 @@ def test_a_batch_orders_items_as_the_same_puts_one_by_one(tmp_path):
         assert leaves(s, NS) == sorted([("a", FACTS[3]), ("b", FACTS[5]), ("c", FACTS[4])])
     with open_store(tmp_path / "s.sqlite") as s:
         assert _items(s.search((), limit=100)) == want
-
-
-def test_a_postgres_server_restart_gives_persistence_error_then_reconnects(pg_cluster, pg_url):
-    with open_store(pg_url) as s:
-        s.put(NS, "a", {"text": FACTS[0]})
-        pg_cluster.stop("fast")
-        try:
-            with pytest.raises(PersistenceError):
-                s.put(NS, "b", {"text": FACTS[1]})
-            with pytest.raises(PersistenceError):  # a shared store cannot tell what others wrote
-                s.get(NS, "a")
-        finally:
-            pg_cluster.start()
-        assert s.get(NS, "b") is None and s.get(NS, "a").value == {"text": FACTS[0]}
-        s.put(NS, "b", {"text": FACTS[1]})  # the next call connects again
-        assert leaves(s, NS) == [("a", FACTS[0]), ("b", FACTS[1])]
-        before = snapshot(s)
-    with open_store(pg_url) as s:
-        assert snapshot(s) == before
 
 
 def test_a_memory_of_another_configuration_is_refused_when_used(tmp_path):

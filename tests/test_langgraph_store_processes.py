@@ -25,7 +25,7 @@ from langgraph.store.base import PutOp
 from langgraph.store.memory import InMemoryStore
 
 from shared_core.types import PersistenceError
-from tests.test_langgraph_store_durable import TEXTS, index, leaves, open_store
+from tests.support.langgraph_store import TEXTS, index, leaves, open_store
 
 NS = ("memories", "shared")
 WAIT = 300  # seconds a reply may take before the test gives up (a hung worker, never a timing check)

@@ -19,7 +19,7 @@ from langgraph.store.memory import InMemoryStore
 
 from langchain_hiermem import HierMemStore
 from shared_core.types import InvalidInputError
-from tests.test_langgraph_store_durable import DIM, EMBEDDINGS, FACTS, MEMORY_KWARGS, index
+from tests.support.langgraph_store import DIM, EMBEDDINGS, FACTS, MEMORY_KWARGS, index
 
 _MISSING = object()
 _COUNTER = itertools.count()

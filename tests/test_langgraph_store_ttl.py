@@ -13,7 +13,7 @@ import sqlite3
 import tempfile
 import threading
 from contextlib import ExitStack
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,36 +23,24 @@ from hypothesis import strategies as st
 from langgraph.store.memory import InMemoryStore
 
 from langchain_hiermem import HierMemStore
-from langchain_hiermem.store_durable import SCHEMA
 from shared_core.types import InvalidInputError
-from tests.test_langgraph_store_durable import (
+from tests.support.langgraph_store import (
     FACTS,
     KEYS,
     MEMORY_KWARGS,
     NAMESPACES,
     TEXTS,
+    Clock,
     _items,
     _prune,
+    a_store_before_ttls_is_migrated,
+    expiry_persists_across_reopen,
     index,
     leaves,
     open_store,
 )
 
 NS = ("memories", "ann")
-START = datetime(2025, 5, 1, 12, 0, tzinfo=timezone.utc)
-
-
-class Clock:
-    """A settable clock: ``clock()`` is the time, ``clock.tick(minutes)`` advances it."""
-
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def tick(self, minutes: float) -> None:
-        self.now += timedelta(minutes=minutes)
 
 
 def ram_store(clock: Clock, **kw: Any) -> HierMemStore:
@@ -181,68 +169,20 @@ def test_omit_expired_false_returns_expired_items_until_swept(make):
     assert store.get(NS, "a") is None and store.list_namespaces() == []
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_expiry_persists_across_reopen(backend, tmp_path, request):
-    conn = tmp_path / "s.sqlite" if backend == "sqlite" else request.getfixturevalue("pg_url")
-    clock = Clock()
-    with open_store(conn) as s:
-        s._clock = clock
-        s.put(NS, "a", {"text": FACTS[0]}, ttl=1)
-        s.put(NS, "b", {"text": FACTS[1]}, ttl=1)
-        s.put(NS, "c", {"text": FACTS[2]})
-        clock.tick(0.5)
-        assert s.get(NS, "a") is not None  # refreshed: until 1.5, written to the database
-    clock.tick(0.6)
-    with open_store(conn) as s:
-        s._clock = clock
-        assert s.get(NS, "b") is None and s.get(NS, "a", refresh_ttl=False) is not None
-        assert s.sweep_ttl() == 1
-    clock.tick(0.3)
-    with open_store(conn) as s:
-        s._clock = clock
-        assert [i.key for i in s.search(NS, refresh_ttl=False)] == ["a", "c"]
-        clock.tick(0.1)
-        assert s.sweep_ttl() == 1
-        assert [i.key for i in s.search(NS)] == ["c"] and leaves(s, NS) == [("c", FACTS[2])]
+def test_expiry_persists_across_reopen(tmp_path):
+    expiry_persists_across_reopen(tmp_path / "s.sqlite")
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_a_store_of_the_format_before_ttls_is_migrated(backend, tmp_path, request):
-    if backend == "sqlite":
-        conn: Any = tmp_path / "s.sqlite"
+def test_a_store_of_the_format_before_ttls_is_migrated(tmp_path):
+    conn = tmp_path / "s.sqlite"
 
-        def run(sql: str) -> Any:
-            with sqlite3.connect(conn) as c:
-                rows = c.execute(sql).fetchall()
-            c.close()
-            return rows
+    def run(sql: str) -> Any:
+        with sqlite3.connect(conn) as c:
+            rows = c.execute(sql).fetchall()
+        c.close()
+        return rows
 
-        t = ""
-    else:
-        conn, cluster = request.getfixturevalue("pg_url"), request.getfixturevalue("pg_cluster")
-        db = conn.split("?")[0].rsplit("/", 1)[1]
-
-        def run(sql: str) -> Any:
-            return cluster.execute(db, sql)
-
-        t = f"{SCHEMA}."
-    with open_store(conn) as s:
-        s.put(NS, "a", {"text": FACTS[0]})
-    for sql in (
-        "ALTER TABLE {t}items DROP COLUMN ttl_minutes",
-        "ALTER TABLE {t}items DROP COLUMN expires_at",
-    ):
-        run(sql.format(t=t))  # the layout of format 1
-    run(f"UPDATE {t}meta SET value = '1' WHERE key = 'format'")
-    clock = Clock()
-    with open_store(conn) as s:
-        s._clock = clock
-        assert s.get(NS, "a").value == {"text": FACTS[0]}
-        s.put(NS, "b", {"text": FACTS[1]}, ttl=1)
-    clock.tick(1)
-    with open_store(conn) as s:
-        s._clock = clock
-        assert [i.key for i in s.search(NS)] == ["a"]
+    a_store_before_ttls_is_migrated(conn, run, "")
 
 
 def test_async_puts_and_reads_take_ttls():

@@ -45,18 +45,9 @@ from shared_core.types import (
     PersistenceError,
     UnknownPolicyError,
 )
-from tests.openai_server import hash_embedding
+from tests.support.llamaindex import TEXTS, HashEmbedder, summary, tree_of
 
 DENSE = {"relevance": "dense"}
-
-TEXTS = [
-    "I adopted a dog named Luna last spring.",
-    "Luna loves running on the beach every morning.",
-    "My sister Maria lives in Oslo.",
-    "Maria works as a nurse at the city hospital.",
-    "For dinner I cooked a mushroom risotto.",
-    "The risotto needed more parmesan cheese.",
-]
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -75,20 +66,6 @@ def li_settings(embedder):
     Settings._llm, Settings._embed_model = saved
 
 
-class HashEmbedder:
-    """A cheap deterministic core embedder (structure tests that do not need semantics)."""
-
-    dim = 16
-
-    def embed(self, texts):
-        return np.asarray([hash_embedding(t, self.dim) for t in texts], dtype=np.float32).reshape(
-            -1, self.dim
-        )
-
-    async def aembed(self, texts):
-        return self.embed(texts)
-
-
 def docs() -> list[Document]:
     return [Document(text=t, metadata={"turn": i}) for i, t in enumerate(TEXTS)]
 
@@ -103,10 +80,6 @@ def built(embedder):
         yield SegTreeIndex.from_documents(docs(), **DENSE)
     finally:
         Settings._llm, Settings._embed_model = saved
-
-
-def tree_of(index):
-    return index.memory.to_dict()["tree"]
 
 
 def assert_mirrors(index) -> None:
@@ -133,10 +106,6 @@ def assert_mirrors(index) -> None:
 def leaf_texts(index) -> list[str]:
     leaves = [n for n in tree_of(index)["nodes"] if n["is_leaf"]]
     return [n["text"] for n in sorted(leaves, key=lambda n: n["span"][0])]
-
-
-def summary(results) -> list[tuple[str, float, str]]:
-    return [(r.node.node_id, round(float(r.score), 6), r.node.get_content()) for r in results]
 
 
 # --------------------------------------------------------------------------- building

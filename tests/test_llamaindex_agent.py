@@ -24,7 +24,7 @@ from llama_index.core.memory import Memory  # noqa: E402
 from llamaindex_hiermem import HierMemBlock  # noqa: E402
 from shared_core import SegTreeMem  # noqa: E402
 from shared_core.namespaces import MemoryStore  # noqa: E402
-from tests.test_durable import HashEmbedder  # noqa: E402
+from tests.support.memory import HashEmbedder  # noqa: E402
 
 FACTS = [
     "My dog is called Luna and she loves the beach.",

@@ -19,7 +19,7 @@ from llama_index.core.schema import TextNode
 
 from llamaindex_hiermem import HierMemEmbedding, SegTreeIndex, load_index_from_storage
 from shared_core.types import InvalidInputError, PersistenceError
-from tests.test_llamaindex import TEXTS, HashEmbedder, summary, tree_of
+from tests.support.llamaindex import TEXTS, HashEmbedder, summary, tree_of
 
 QUERIES = [("dog name", "bottom_up"), ("Maria's job", "top_down"), ("what was for dinner", "collapsed")]
 

@@ -11,7 +11,7 @@ from llama_index.llms.openai import OpenAI
 
 from llamaindex_hiermem import HierMemEmbedding, LlamaIndexLLM, SegTreeIndex
 from shared_core.types import ModelError
-from tests.openai_server import Reply, hash_embedding, openai_server  # noqa: F401
+from tests.support.openai_server import Reply, hash_embedding, openai_server  # noqa: F401
 
 TEXTS = [
     "I adopted a dog named Luna last spring.",

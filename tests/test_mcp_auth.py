@@ -52,8 +52,8 @@ from shared_core.serve.mcp_auth import (  # noqa: E402
     transport_security,
 )
 from shared_core.serve.mcp_server import HierMemTools, build_server, memory_factory, open_store  # noqa: E402
-from tests.test_durable import HashEmbedder  # noqa: E402
-from tests.test_mcp import ROOT, SERVER_ENV, TIMEOUT, _error, _free_port, _ok, _wait_listening  # noqa: E402
+from tests.support.mcp import ROOT, SERVER_ENV, TIMEOUT, _error, _free_port, _ok, _wait_listening  # noqa: E402
+from tests.support.memory import HashEmbedder  # noqa: E402
 
 A, B, STAR = (secrets.token_urlsafe(32) for _ in range(3))
 TOKENS = {A: ["alice"], B: ["bob", "team"], STAR: ["*"]}

@@ -27,7 +27,7 @@ from shared_core.types import (
     UnknownPolicyError,
     Usage,
 )
-from tests.vectors import check_node_vectors
+from tests.support.vectors import check_node_vectors
 
 VOCAB = ("pet", "dog", "cat", "walk", "vet", "food", "pizza", "pasta")
 

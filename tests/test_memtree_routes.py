@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import shared_core.memories.memtree_routes as routes_module
 from shared_core import MemTree
 from shared_core.types import EmbeddingError, Message, Usage
-from tests.test_durable import HashEmbedder, message_text
+from tests.support.memory import HashEmbedder, message_text
 
 
 class _NoRoutes(MemTree):

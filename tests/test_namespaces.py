@@ -12,7 +12,7 @@ import pytest
 from shared_core import HAT, MemTree, Message, SegTreeMem
 from shared_core.namespaces import MemoryStore, namespace_dirname, normalize_namespace
 from shared_core.types import InvalidInputError, NodeNotFoundError, PersistenceError
-from tests.test_durable import LLM_FREE_POLICIES, HashEmbedder, check_tree
+from tests.support.memory import LLM_FREE_POLICIES, HashEmbedder, check_tree
 
 EMB = HashEmbedder()
 CLASSES = [SegTreeMem, MemTree, HAT]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.openai_server import openai_server  # noqa: F401  (fixture)
+from tests.support.openai_server import openai_server  # noqa: F401  (fixture)
 
 nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (dev extra)")
 nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (dev extra)")

@@ -1,5 +1,5 @@
 """OpenAI-protocol clients, the LLM summariser and strict parsing, through the real ``openai`` SDK
-against the scriptable test server in ``tests/openai_server.py``."""
+against the scriptable test server in ``tests/support/openai_server.py``."""
 
 # ruff: noqa: F811  (pytest fixtures are passed as parameters named like the imported fixture)
 
@@ -26,7 +26,7 @@ from shared_core.models.parsing import (
     parse_label,
 )
 from shared_core.types import EmbeddingError, InvalidInputError, ModelError
-from tests.openai_server import Reply, hash_embedding, openai_server  # noqa: F401
+from tests.support.openai_server import Reply, hash_embedding, openai_server  # noqa: F401
 
 FAST_RETRY = {"retry-after-ms": "5"}  # keeps the SDK's backoff short
 

@@ -14,7 +14,7 @@ import pytest
 from shared_core import HierarchicalMemory, SegTreeMem
 from shared_core.search.index import NodeIndex
 from shared_core.types import Message, PersistenceError, VersionMismatchError
-from tests.test_segtree import TopicEmbedder, check_invariants, hit_key
+from tests.support.segtree import TopicEmbedder, check_invariants, hit_key
 
 QUERIES = [
     ("topic1 dog", "top_down", "all"),

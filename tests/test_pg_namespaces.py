@@ -25,8 +25,8 @@ from shared_core.stores import pg_prune  # noqa: E402
 from shared_core.stores.namespace import namespace_key  # noqa: E402
 from shared_core.stores.postgres import LOCK_CLASS, PostgresDatabase  # noqa: E402
 from shared_core.types import NodeNotFoundError, VersionMismatchError  # noqa: E402
-from tests.test_commit_faults import answers, index_snapshot  # noqa: E402
-from tests.test_durable import KINDS, HashEmbedder, check_tree, memory_class, message_text, stripped  # noqa: E402
+from tests.support.faults import answers, index_snapshot  # noqa: E402
+from tests.support.memory import KINDS, HashEmbedder, check_tree, memory_class, message_text, stripped  # noqa: E402
 
 EMB = HashEmbedder()
 

@@ -24,56 +24,18 @@ psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip i
 import shared_core.stores.postgres as pgstore  # noqa: E402
 from shared_core import HierarchicalMemory, MemTree, Message, SegTreeMem  # noqa: E402
 from shared_core.namespaces import MemoryStore  # noqa: E402
-from shared_core.stores.postgres import LOCK_CLASS, PostgresStore  # noqa: E402
+from shared_core.stores.postgres import PostgresStore  # noqa: E402
 from shared_core.types import InvalidInputError, PersistenceError, VersionMismatchError  # noqa: E402
-from tests.test_commit_faults import Fault, answers, index_snapshot  # noqa: E402
-from tests.test_durable import (  # noqa: E402
-    KINDS,
-    HashEmbedder,
-    check_tree,
-    memory_class,
-    message_text,
-    stripped,
-)
-from tests.test_structure import naive_structure  # noqa: E402
+from tests.support.faults import Fault, answers, index_snapshot  # noqa: E402
+from tests.support.memory import KINDS, HashEmbedder, check_tree, memory_class, message_text, stripped  # noqa: E402
+from tests.support.postgres import _dbname, _finish, _in_thread, _leaf_texts, _waiting_for_lock  # noqa: E402
+from tests.support.structure import naive_structure  # noqa: E402
 
 QUERY = "what about dogs and music"
 
 
 def _open(kind: str, url: str, ns: Any = "ns", embedder: Any = None, **kw: Any) -> HierarchicalMemory:
     return memory_class(kind).open(url, embedder=embedder or HashEmbedder(), namespace=ns, **kw)
-
-
-def _dbname(url: str) -> str:
-    from psycopg.conninfo import conninfo_to_dict
-
-    return str(conninfo_to_dict(url)["dbname"])
-
-
-def _leaf_texts(mem: HierarchicalMemory) -> list[str]:
-    return [mem._store.nodes[i].text for i in mem._store.leaves()]
-
-
-def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # reported to the test
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
-
-
-def _finish(t: threading.Thread, out: dict[str, Any], timeout: float = 120.0) -> Any:
-    t.join(timeout)
-    assert not t.is_alive(), "the call did not finish (blocked)"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # --------------------------------------------------------------------------- module structure
@@ -333,15 +295,6 @@ class _GateEmbedder(HashEmbedder):
             gate[0].set()
             assert gate[1].wait(120)
         return super().embed(texts)
-
-
-def _waiting_for_lock(cluster: Any, url: str) -> int:
-    rows = cluster.execute(
-        _dbname(url),
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid::bigint = %s",
-        (LOCK_CLASS,),
-    )
-    return int(rows[0][0])
 
 
 def _wait_for(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:

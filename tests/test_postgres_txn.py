@@ -35,8 +35,8 @@ from shared_core.types import (  # noqa: E402
     NamespaceBusyError,
     PersistenceError,
 )
-from tests.test_durable import HashEmbedder, check_tree, memory_class, message_text, stripped  # noqa: E402
-from tests.test_postgres import _dbname, _finish, _in_thread, _leaf_texts, _waiting_for_lock  # noqa: E402
+from tests.support.memory import HashEmbedder, check_tree, memory_class, message_text, stripped  # noqa: E402
+from tests.support.postgres import _dbname, _finish, _in_thread, _leaf_texts, _waiting_for_lock  # noqa: E402
 
 SLEEP = 2.5  # longer than the server's idle_in_transaction_session_timeout in the first test
 

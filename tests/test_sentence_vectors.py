@@ -25,9 +25,8 @@ from shared_core.models.extractive import (
 )
 from shared_core.models.local import pool_spans
 from shared_core.types import InvalidInputError, UnknownPolicyError
-from tests.test_annotation_vectors import CountingEmbedder
-from tests.test_durable import HashEmbedder
-from tests.vectors import check_node_vectors
+from tests.support.memory import CountingEmbedder, HashEmbedder
+from tests.support.vectors import check_node_vectors
 
 
 class SpanEmbedder(CountingEmbedder):

@@ -45,7 +45,7 @@ from llamaindex_hiermem.retrievers import metadata_matcher
 from shared_core import SegTreeMem
 from shared_core.namespaces import MemoryStore
 from shared_core.types import InvalidInputError, ModelError
-from tests.test_durable import KINDS, LLM_FREE_POLICIES, HashEmbedder, make_memory
+from tests.support.memory import KINDS, LLM_FREE_POLICIES, HashEmbedder, make_memory
 
 EMB = HashEmbedder()
 SECRET = "alice: my secret pin is 4242"

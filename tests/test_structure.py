@@ -10,18 +10,8 @@ from hypothesis import strategies as st
 from shared_core.search.ranking import best_first
 from shared_core.tree.nodes import NodeStore
 from shared_core.tree.structure import NodeArrays
-from tests.test_durable import KINDS, HashEmbedder, make_memory, message_text
-
-
-def naive_structure(store: NodeStore, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    pos = {int(i): j for j, i in enumerate(ids.tolist())}
-    parent, leaf, gap = [], [], []
-    for i in ids.tolist():
-        n = store.nodes[i]
-        parent.append(-1 if n.parent is None else pos.get(n.parent, -1))
-        leaf.append(n.is_leaf)
-        gap.append(0 if n.parent is None else store.nodes[n.parent].level - n.level - 1)
-    return np.array(parent, np.int64), np.array(leaf, bool), np.array(gap, np.int64)
+from tests.support.memory import KINDS, HashEmbedder, make_memory, message_text
+from tests.support.structure import naive_structure
 
 
 def _check(arrays: NodeArrays, store: NodeStore, rng: np.random.Generator) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,42 +22,9 @@ from shared_core import HAT, MemTree, Message, SegTreeMem
 from shared_core.cli import app
 from shared_core.types import InvalidInputError
 from shared_core.viz import parse_timestamp, plot_tree_shape, render_html, tree_layout
-from tests.openai_server import hash_embedding
+from tests.support.viz import PAYLOAD, TEXTS, HashEmbedder
 
-PAYLOAD = "</script><script>alert(1)</script>"
 SVG_NS = "http://www.w3.org/2000/svg"
-
-TEXTS = [
-    "I adopted a dog named Luna last spring.",
-    "Luna loves running on the beach every morning.",
-    "My sister Maria lives in Oslo.",
-    "Maria works as a nurse at the city hospital.",
-    f"Note to self: {PAYLOAD} is what an injection looks like.",
-    "For dinner I cooked a mushroom risotto & a salad <b>bold</b> <!-- comment -->.",
-    "The risotto needed more parmesan cheese.",
-    "Tomorrow I fly to Kyoto for a week; the ryokan is booked.",
-]
-
-
-class HashEmbedder:
-    """Deterministic unit vectors from a hash of each text (``dim`` dimensions, default 32)."""
-
-    def __init__(self, dim: int = 32) -> None:
-        self._dim = dim
-        self.calls = 0
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        self.calls += 1
-        return np.asarray([hash_embedding(t, self._dim) for t in texts], dtype=np.float32).reshape(
-            len(texts), self._dim
-        )
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
 
 
 def _xmemory_cls():

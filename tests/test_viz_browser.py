@@ -18,7 +18,7 @@ import pytest
 
 from shared_core import HAT, SegTreeMem
 from shared_core.viz import render_html
-from tests.test_viz import PAYLOAD, TEXTS, HashEmbedder
+from tests.support.viz import PAYLOAD, TEXTS, HashEmbedder
 
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is not installed (pip install selenium)"

@@ -14,10 +14,8 @@ hashed unit vector otherwise) and ``BowEmbedder`` sums hashed word vectors.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,15 +54,10 @@ from shared_core.types import (
     UnknownPolicyError,
     Usage,
 )
-from tests.openai_server import Reply, openai_server  # noqa: F401
+from tests.support.openai_server import Reply, openai_server  # noqa: F401
+from tests.support.xmemory import BowEmbedder, _hash_unit
 
 # --------------------------------------------------------------------------- test models
-
-
-def _hash_unit(text: str, dim: int) -> np.ndarray:
-    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-    v = np.random.default_rng(seed).standard_normal(dim)
-    return (v / np.linalg.norm(v)).astype(np.float32)
 
 
 class TableEmbedder:
@@ -83,24 +76,6 @@ class TableEmbedder:
         self.calls += 1
         rows = [self.table.get(t) for t in texts]
         return np.stack([r if r is not None else _hash_unit(t, self._dim) for r, t in zip(rows, texts)])
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
-
-
-class BowEmbedder:
-    """Sum of hashed word vectors: texts sharing words are similar."""
-
-    dim = 32
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = []
-        for t in texts:
-            v = np.zeros(self.dim, dtype=np.float32)
-            for w in re.findall(r"[a-z]+", t.lower()):
-                v += _hash_unit(w, self.dim)
-            out.append(v if np.linalg.norm(v) > 0 else _hash_unit(t, self.dim))
-        return np.stack(out)
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed(texts)

@@ -20,17 +20,7 @@ from shared_core.memories.xmemory.retrieval import _Relevance
 from shared_core.search.index import NodeIndex
 from shared_core.search.relevance import fuse
 from shared_core.types import InvalidInputError, Message
-from tests.test_xmemory import BowEmbedder
-
-WORDS = ["bees", "honey", "chess", "cup", "garden", "market", "hives", "sunday", "river", "boat"]
-
-
-def _messages(n: int, seed: int = 3) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [
-        f"I {rng.choice(['keep', 'sold', 'won', 'saw'])} the {rng.choice(WORDS)} by the {rng.choice(WORDS)}."
-        for _ in range(n)
-    ]
+from tests.support.xmemory import QUERIES, BowEmbedder, _messages
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +58,6 @@ def _exhaustive(mem: XMemory, query: str, k: int, **params):
         return mem.retrieve(query, k=k, **params)
     finally:
         mem.exact_search_max = saved
-
-
-QUERIES = ["bees honey", "chess cup sunday", "river boat market", "who sold the hives"]
 
 
 @pytest.mark.parametrize("relevance", ["hybrid", "dense"])

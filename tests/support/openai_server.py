@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tests.openai_server import Reply, openai_server  # the fixture
+    from tests.support.openai_server import Reply, openai_server  # the fixture
 
     def test_x(openai_server):
         openai_server.script_chat("first answer", Reply(status=429, headers={"Retry-After": "0.01"}))
