@@ -1,4 +1,5 @@
-"""Shared fixtures: the OpenAI-protocol test server, the real local embedder, the shared data path."""
+"""Shared fixtures (the OpenAI-protocol test server, the real local embedder, the shared data path, a
+private PostgreSQL server) and the ``integration`` marker, given to every test under tests/integration/."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import SHARED_DATA
 from tests.support.openai_server import openai_server  # noqa: F401  (fixture)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under tests/integration/ ``integration`` (``-m "not integration"`` is the quick
+    loop)."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +72,40 @@ def pg_cluster():
 def pg_url(pg_cluster):
     """URL of a new, empty database on the session's PostgreSQL server (``connect_timeout=3``)."""
     return pg_cluster.url(pg_cluster.create_database(), connect_timeout="3")
+
+
+@pytest.fixture
+def docs_env(monkeypatch, openai_server, local_embedder):  # noqa: F811 - the fixture above
+    """Environment of a block: OpenAI clients on the test server, the session's local embedder."""
+    import shared_core.models.local as local
+
+    openai_server.embed_dim = 1536
+    url = openai_server.base_url
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("OPENAI_API_BASE", url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-docs-test")
+    # tiktoken (LangChain's OpenAIEmbeddings) downloads its encodings on first use; LlamaIndex bundles
+    # the same files in a tiktoken cache directory, which keeps the test offline
+    try:
+        import llama_index.core
+
+        cache = Path(llama_index.core.__file__).parent / "_static" / "tiktoken_cache"
+        if cache.is_dir():
+            monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    except ImportError:
+        pass
+
+    original = local.LocalEmbedder
+
+    class SharedLocalEmbedder(original):  # type: ignore[misc, valid-type]
+        def __new__(cls, *args, **kwargs):
+            if not args and not kwargs:
+                return local_embedder  # not a SharedLocalEmbedder: __init__ is not called again
+            return original(*args, **kwargs)
+
+    monkeypatch.setattr(local, "LocalEmbedder", SharedLocalEmbedder)
+    import shared_core
+
+    if "LocalEmbedder" in vars(shared_core):
+        monkeypatch.setattr(shared_core, "LocalEmbedder", SharedLocalEmbedder)
+    return openai_server

@@ -19,8 +19,7 @@ import pytest
 import langchain_hiermem
 from langchain_hiermem import AlgorithmUnavailableError, MissingExtraError
 from shared_core.types import HierMemError
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 # A tiny memory over a stub embedder (no model, no torch), queried through the retriever and the store;
 # prints the modules loaded at that point, then after accessing the legacy class. With an argument, a

@@ -1,9 +1,7 @@
-"""The LangGraph store that survives restarts (``HierMemStore.from_conn_string``): round trips across a
-reopen on SQLite and PostgreSQL, atomic failed puts, repair after a crash between a memory's add and the
-item commit, a differential test against LangGraph's own ``InMemoryStore``, and typed errors for bad input.
-
-PostgreSQL tests run against the private server of ``pg_cluster`` / ``pg_url`` (tests/conftest.py) and
-are skipped where no PostgreSQL binaries exist.
+"""The LangGraph store that survives restarts (``HierMemStore.from_conn_string``) on SQLite: round trips
+across a reopen, atomic failed puts, repair after a crash between a memory's add and the item commit, a
+differential test against LangGraph's own ``InMemoryStore``, and typed errors for bad input (PostgreSQL
+URLs included, with no server). On a PostgreSQL server: tests/integration/test_langgraph_store_postgres.py.
 """
 
 from __future__ import annotations

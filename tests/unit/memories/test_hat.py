@@ -847,7 +847,7 @@ def test_bfs_and_dfs_have_no_step_budget_by_default():
 
 # --------------------------------------------------------------------------- the first version, exactly
 # Hits of the first version of this module (greedy peaks by cosine with the memory's beam, collapsed
-# cosine over every node) on a fixed tree: 40 messages of tests.test_durable.message_text, its word-hash
+# cosine over every node) on a fixed tree: 40 messages of tests.support.memory.message_text, its word-hash
 # embedder, concatenation, M = 3, k = 10 (beam 10); asked with k = 5. (node id, score, greedy path)
 FIRST_VERSION = {
     ("detail number 5 on music", "greedy", ()): [

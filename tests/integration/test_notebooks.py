@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +27,9 @@ nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (de
 pytest.importorskip("ipykernel", reason="ipykernel is not installed in this environment (dev extra)")
 from nbclient.exceptions import CellExecutionError  # noqa: E402
 
-COOKBOOK = Path(__file__).resolve().parents[1] / "cookbook"
+from tests.support import ROOT  # noqa: E402
+
+COOKBOOK = ROOT / "cookbook"
 OFFLINE = [
     "01_conversation_memory_langchain.ipynb",
     "02_rag_llamaindex.ipynb",

@@ -36,7 +36,7 @@ def test_postgres_round_trip_across_reopen(pg_url):
 
 def test_a_postgres_store_is_shared_by_several_openers(pg_url):
     """Two stores open on one URL (as two processes would be) see each other's puts and deletes; the
-    multi-process tests are in tests/test_langgraph_store_processes.py."""
+    multi-process tests are in tests/integration/test_langgraph_store_processes.py."""
     with open_store(pg_url) as s, open_store(pg_url) as t:
         s.put(NS, "a", {"text": FACTS[0]})
         t.put(NS, "b", {"text": FACTS[1]})

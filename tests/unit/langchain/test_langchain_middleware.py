@@ -41,9 +41,9 @@ from shared_core import SegTreeMem  # noqa: E402
 from shared_core.memories.base import count_tokens  # noqa: E402
 from shared_core.namespaces import MemoryStore  # noqa: E402
 from shared_core.types import HierMemError, InvalidInputError  # noqa: E402
+from tests.support import ROOT  # noqa: E402
 from tests.support.memory import HashEmbedder  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 FACT = "My dog is called Luna and she loves the beach."
 QUESTION = "What is my dog called?"
 

@@ -1,7 +1,5 @@
-"""Durable SQLite store: every acknowledged add survives SIGKILL, failed writes roll back, reopen is exact.
-
-Also holds the helpers the reliability tests share (a cheap deterministic embedder, the memory
-factories and a structural invariant check over ``to_dict()``).
+"""Durable SQLite store: failed writes roll back, reopen is exact, one writer per store, a tampered store is
+a clear error. Every acknowledged add surviving SIGKILL: tests/integration/test_durable_sigkill.py.
 """
 
 from __future__ import annotations

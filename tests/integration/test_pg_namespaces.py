@@ -266,7 +266,7 @@ def _child_store(url: str, conn: Any) -> None:
 
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.test_pg_namespaces"])
+    ctx.set_forkserver_preload(["tests.integration.test_pg_namespaces"])
     return ctx
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,8 +32,8 @@ from shared_core.models.local import LocalEmbedder
 from shared_core.search.lexical import tokenize
 from shared_core.search.relevance import fuse, max_normalized
 from shared_core.types import EmbeddingError, InvalidInputError, Message
+from tests.support import SHARED_DATA as DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LOCOMO = DATA / "locomo" / "locomo_dev.json"
 REALMEM = DATA / "realmem" / "Kenta_Tanaka_dialogues_256k.json"
 

@@ -392,7 +392,7 @@ def test_memory_store_on_postgres(pg_url, tmp_path):
     third = MemoryStore(lambda: SegTreeMem(emb), url=pg_url)
     assert third.list_namespaces() == [("bob", "x")]
     # the other "process" notices the deletion: its add creates the namespace anew (see
-    # tests/test_pg_namespaces.py)
+    # tests/integration/test_pg_namespaces.py)
     second.add("alice", "into a deleted namespace")
     assert [h.text for h in third.retrieve("alice", "deleted", k=5, policy="collapsed")] == [
         "into a deleted namespace"
@@ -535,7 +535,7 @@ def _pg_writer(kind: str, url: str, ns: tuple[str, ...], tag: str, n: int, conn:
 
 def test_processes_share_a_namespace_and_one_is_killed_mid_add(pg_url):
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.test_postgres"])
+    ctx.set_forkserver_preload(["tests.integration.test_postgres"])
     n, stall_at = 50, 20
     jobs = [(("team",), f"s{k}", stall_at if k == 0 else -1) for k in range(4)]
     jobs += [((f"own{k}",), f"o{k}", -1) for k in range(4)]

@@ -25,10 +25,10 @@ from shared_core.eval.report import markdown_table
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import eval as P
 from shared_core.types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError
+from tests.support import SHARED_DATA as DATA
 from tests.support.eval import BowEmbedder
 from tests.support.openai_server import openai_server  # noqa: F401
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LOCOMO = DATA / "locomo" / "locomo_dev.json"
 
 

@@ -30,7 +30,8 @@ for _module in ("fastapi", "uvicorn", "httpx"):
 
 import httpx  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT  # noqa: E402
+
 WORKERS = 2
 START_TIMEOUT = 60.0
 # Distinctive words: each message is found by its own text and by no other message's.

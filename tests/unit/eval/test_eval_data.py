@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from importlib import resources
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +23,8 @@ from shared_core.eval import (
     span_recall,
 )
 from shared_core.types import InvalidInputError, Message
+from tests.support import SHARED_DATA as DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LOCOMO = DATA / "locomo" / "locomo_dev.json"
 REALMEM = DATA / "realmem" / "Kenta_Tanaka_dialogues_256k.json"
 needs_locomo = pytest.mark.skipif(not LOCOMO.is_file(), reason=f"LoCoMo dev data not found at {LOCOMO}")

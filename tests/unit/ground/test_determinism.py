@@ -14,8 +14,8 @@ by node id, ascending (insertion index for the flat baselines). Checked here:
 - xMemory's candidate path against its exhaustive path under those kernels and under 1-ulp changes of
   the query vector (texts with the same bag of words tie, as on the AVX2 machine the issue came from);
 - every memory and flat baseline: the same hits (ids, texts, score bits) under every kernel and with
-  the node index's rows permuted; and in subprocesses with FAISS's SIMD level and OpenBLAS's core type
-  forced to other values.
+  the node index's rows permuted (and, in tests/integration/test_determinism_cpus.py, in subprocesses
+  with FAISS's SIMD level and OpenBLAS's core type forced to other values).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def _writer(kind: str, path: str, conn: Any, limit: int) -> None:
 
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.test_durable_sigkill"])
+    ctx.set_forkserver_preload(["tests.integration.test_durable_sigkill"])
     return ctx
 
 
