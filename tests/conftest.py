@@ -3,7 +3,9 @@ private PostgreSQL server) and the ``integration`` marker, given to every test u
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,34 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+def _deselects_integration(config: pytest.Config) -> bool:
+    """Whether the ``-m`` expression deselects every test marked ``integration``, whatever its other
+    markers (as ``-m "not integration"`` does)."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(markexpr)
+    except Exception:  # a malformed expression: pytest reports it; collect as usual
+        return False
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", markexpr)) - {"and", "or", "not", "integration"})
+    for values in itertools.product((False, True), repeat=len(others)):
+        marks = dict(zip(others, values), integration=True)
+        if expr.evaluate(lambda name, /, marks=marks, **kwargs: marks.get(name, False)):
+            return False
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m "not integration"``, tests/integration/ is not even imported: its modules import what
+    only they need (torch, servers' clients), which would cost the quick loop seconds for nothing."""
+    if collection_path == INTEGRATION and _deselects_integration(config):
+        return True
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker

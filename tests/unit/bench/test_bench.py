@@ -168,12 +168,3 @@ def test_run_bench_through_the_cli(tmp_path):
     md = (out / "bench.md").read_text()
     assert "| segtree:top_down | 80 |" in md and "Embedded-default throughput" in md
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_isolated_run_in_a_subprocess():
-    doc = B.run_bench(
-        [30], memories=["hat"], queries=2, window=5, throughput_turns=0, isolate=True, trace_max=0
-    )
-    r = doc["memories"]["hat"]
-    assert r["sizes"][0]["leaves"] == 30 and "memory_profile" not in r
-    assert r["peak_rss_bytes"] > 0

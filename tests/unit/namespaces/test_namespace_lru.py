@@ -68,9 +68,6 @@ def test_the_mcp_server_store_uses_the_default(tmp_path: Path) -> None:
         store.close()
 
 
-# --------------------------------------------------------------------------- thousands of users
-
-
 # --------------------------------------------------------------------------- same answers after a reopen
 _OPS = st.lists(
     st.tuples(st.sampled_from(["add", "retrieve", "delete"]), st.integers(0, 6), st.integers(0, 40)),
@@ -282,9 +279,6 @@ def test_opening_a_namespace_does_not_block_the_others(tmp_path: Path) -> None:
     assert "m0a" in _sources(store.retrieve("slow", "w0x secret", k=3))
     assert store.resident <= 2
     store.close()
-
-
-# --------------------------------------------------------------------------- PostgreSQL
 
 
 # --------------------------------------------------------------------------- hiermem bench

@@ -32,8 +32,6 @@ from tests.support.memory import (
     stripped,
 )
 
-# --------------------------------------------------------------------------- shared helpers
-
 
 # --------------------------------------------------------------------------- round trips
 @pytest.mark.parametrize("kind", KINDS)
@@ -298,6 +296,3 @@ def test_not_a_database(tmp_path):
     bad.write_bytes(b"not a database at all " * 100)
     with pytest.raises(PersistenceError, match="not a hiermem store"):
         SegTreeMem.open(bad, embedder=HashEmbedder())
-
-
-# --------------------------------------------------------------------------- SIGKILL
