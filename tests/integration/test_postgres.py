@@ -38,7 +38,8 @@ def _open(kind: str, url: str, ns: Any = "ns", embedder: Any = None, **kw: Any) 
     return memory_class(kind).open(url, embedder=embedder or HashEmbedder(), namespace=ns, **kw)
 
 
-# --------------------------------------------------------------------------- module structure
+# --------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("kind", KINDS)
 def test_round_trip(kind, pg_url):
     mem = _open(kind, pg_url, ("alice", "bot"))
     mem.add([Message(message_text(i), id=f"m{i}") for i in range(5)])
