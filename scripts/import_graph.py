@@ -24,7 +24,7 @@ Usage::
     python scripts/import_graph.py            # report; exit status 1 on a violation
     python scripts/import_graph.py --render   # also write docs/images/package_graph.png and .json
 
-``tests/test_layout.py`` runs the same checks and fails on any cycle, upward import or module over
+``tests/unit/docs/test_layout.py`` runs the same checks and fails on any cycle, upward import or module over
 :data:`MAX_LINES` lines, and when ``docs/images/package_graph.json`` (the edges the picture shows) no
 longer matches the code.
 """

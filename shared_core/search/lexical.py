@@ -4,7 +4,7 @@ Tokenisation is bm25s' (English stop words, PyStemmer's Snowball stemmer); scori
 (Lucene variant, k1 = 1.5, b = 0.75) computed from postings that an upsert or a removal updates in place,
 so a query after an add costs what a query costs: no rebuild. Document frequencies, the number of
 documents and the mean document length are kept exact, so the scores equal those of a bm25s model
-built from scratch over the same texts (to float32 rounding; ``tests/test_lexical.py`` checks it).
+built from scratch over the same texts (to float32 rounding; ``tests/unit/search/test_lexical.py`` checks it).
 
 How: each text has a slot (its position); each term has a posting array of ``(slot, tf, generation)``.
 Replacing a text bumps its slot's generation and appends new postings; the old ones no longer count.

@@ -1,0 +1,175 @@
+"""``hiermem bench --conversation`` / ``--ingest``: document shape, ratios, counts, option errors, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from shared_core.bench import workloads as W
+from shared_core.bench.command import bench_command
+from shared_core.types import InvalidInputError
+
+KINDS = ["segtree", "memtree", "hat", "xmemory"]
+TIMINGS = ("turn", "add", "query")
+
+
+@pytest.fixture(scope="module")
+def conversation_doc():
+    return W.run_workloads(conversation=True, sizes=[60, 120], window=5, isolate=False)
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("bench")(bench_command)
+    app.command("noop")(lambda: None)
+    return app
+
+
+def test_streams_carry_words_and_unit_vectors():
+    vocab = W.synthetic_vocabulary()
+    assert len(vocab) == len(set(vocab)) == 2000 and vocab == W.synthetic_vocabulary()
+    for stream in W.STREAMS:
+        texts, table = W.conversation_stream(stream, 50, seed=2)
+        assert texts == W.conversation_stream(stream, 50, seed=2)[0]
+        assert all(t.startswith(f"message {i} ") and len(t.split()) == 10 for i, t in enumerate(texts))
+        assert all(w in vocab for t in texts for w in t.split()[2:])
+        X = np.stack([table[t] for t in texts])
+        np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, atol=1e-5)
+    with pytest.raises(InvalidInputError):
+        W.conversation_stream("zigzag", 5)
+
+
+def test_memories_keep_their_default_relevance_and_policy():
+    texts, table = W.conversation_stream("random", 30)
+    emb = W.ReplayEmbedder(table)
+    for kind in KINDS:
+        mem = W.conversation_memory(kind, emb)
+        assert mem.relevance_kind == "hybrid" and mem.default_policy == type(mem)(embedder=emb).default_policy
+    s = W.WordySpanSummarizer(emb)
+    key, _ = s.summarize([texts[0], texts[1], texts[2]])
+    assert key.split()[2:] == texts[0].split()[2:] + texts[2].split()[2:] and key in table
+
+
+def test_conversation_document(conversation_doc):
+    doc = conversation_doc
+    assert doc["schema"] == W.WORKLOADS_SCHEMA and "ingest" not in doc
+    assert doc["machine"]["start"]["logical_cpus"] >= 1 and doc["seconds"] > 0
+    conv = doc["conversation"]
+    st = conv["settings"]
+    assert (
+        st["sizes"] == [60, 120]
+        and st["window"] == 5
+        and st["k"] == 10
+        and st["streams"] == ["topical", "random"]
+    )
+    assert conv["not_run"] == [] and list(conv["results"]) == KINDS
+    for kind in KINDS:
+        assert list(conv["results"][kind]) == ["topical", "random"]
+        for stream, r in conv["results"][kind].items():
+            assert r["memory"] == kind and r["stream"] == stream and r["relevance"] == "hybrid"
+            assert r["peak_rss_bytes"] > 0
+            assert [s["leaves"] for s in r["sizes"]] == [60, 120]
+            for s in r["sizes"]:
+                assert s["turns"] == 5 and s["adds_grown_by_one"] == 5
+                assert s["leaves_after"] == s["leaves"] + 5 and s["nodes"] >= s["leaves_after"]
+                assert 0 < s["mean_hits"] <= 10
+                ins = s["insert"]
+                assert set(ins) == {"p50_ms", "p99_ms", "mean_ms"} and 0 <= ins["p50_ms"] <= ins["p99_ms"]
+                for side in ("memory", "flat"):
+                    for t in TIMINGS:
+                        v = s[side][t]
+                        assert set(v) == {"p50_ms", "p99_ms", "mean_ms"} and 0 <= v["p50_ms"] <= v["p99_ms"]
+                for t in TIMINGS:
+                    flat = s["flat"][t]["p50_ms"]
+                    want = s["memory"][t]["p50_ms"] / flat if flat > 0 else None
+                    assert s["ratio_p50"][t] == pytest.approx(want), (kind, stream, t)
+
+
+def test_conversation_markdown_and_files(conversation_doc, tmp_path):
+    files = W.write_workloads(conversation_doc, tmp_path)
+    assert files == {"json": "workloads.json", "markdown": "workloads.md"}
+    again = json.loads((tmp_path / "workloads.json").read_text())
+    assert again["conversation"]["results"]["hat"]["random"]["sizes"][1]["leaves"] == 120
+    md = (tmp_path / "workloads.md").read_text()
+    assert "## A conversation at scale" in md and "| xmemory | random | 120 |" in md
+    assert len(W.conversation_rows(conversation_doc)) == 4 * 2 * 2
+
+
+def test_ingest_document():
+    doc = W.run_workloads(
+        ingest=True, memories=["hat", "segtree"], turns=5, modes=["default", "composed"], isolate=False
+    )
+    ing = doc["ingest"]
+    assert "conversation" not in doc and ing["settings"]["torch_threads"] == 1
+    ds = ing["datasets"]["realmem excerpt"]
+    assert list(ing["datasets"]) == ["realmem excerpt"] and ds["turns"] == 5 and ds["mean_chars"] > 0
+    assert list(ds["results"]) == ["hat", "segtree"]
+    assert list(ds["results"]["hat"]) == ["composed"]  # HAT's default: run once
+    assert ds["results"]["hat"]["composed"]["default"] is True
+    assert {m: v["default"] for m, v in ds["results"]["segtree"].items()} == {
+        "embedded": True,
+        "composed": False,
+    }
+    for by_mode in ds["results"].values():
+        for v in by_mode.values():
+            assert (
+                v["leaves"] == 5 and v["embedded_texts_per_message"] >= 1 and v["embed_calls_per_message"] > 0
+            )
+            assert v["ratio"] == pytest.approx(v["cpu_ms_per_message"] / v["embed_cpu_ms_per_message"])
+    assert "| realmem excerpt | segtree | embedded * |" in W.render_workloads_markdown(doc)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"conversation": True, "sizes": [5]},
+        {"conversation": True, "sizes": [0, 100]},
+        {"conversation": True, "sizes": [40, 60], "window": 50},
+        {"conversation": True, "sizes": [40], "window": 0},
+        {"conversation": True, "sizes": [40], "memories": ["btree"]},
+        {"conversation": True, "sizes": [40], "streams": ["sideways"]},
+        {"conversation": True, "sizes": [40], "memories": ["hat"], "size_caps": {"memtree": 10}},
+        {"ingest": True, "turns": 0},
+        {"ingest": True, "memories": ["btree"]},
+        {"ingest": True, "modes": ["mixed"]},
+        {},
+    ],
+)
+def test_bad_options_raise_before_running(kw):
+    with pytest.raises(InvalidInputError):
+        W.run_workloads(isolate=False, **kw)
+
+
+def test_cli_conversation(tmp_path):
+    out = tmp_path / "w"
+    args = ["bench", "--conversation", "--sizes", "40,80", "--window", "4", "--memories", "hat,segtree"]
+    res = CliRunner().invoke(_app(), [*args, "--streams", "random", "--no-isolate", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "workloads.json").read_text())
+    assert doc["conversation"]["settings"]["window"] == 4 and list(doc["conversation"]["results"]) == [
+        "hat",
+        "segtree",
+    ]
+    assert (out / "workloads.md").exists() and not (out / "bench.json").exists()
+    assert "p50 / flat" in res.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--conversation", "--memories", "btree"],
+        ["--conversation", "--sizes", "0"],
+        ["--conversation", "--sizes", "x"],
+        ["--conversation", "--window", "0"],
+        ["--ingest", "--turns", "0"],
+        ["--ingest", "--ingest-modes", "mixed"],
+    ],
+)
+def test_cli_bad_options_exit(args, tmp_path):
+    res = CliRunner().invoke(_app(), ["bench", *args, "--no-isolate", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2, res.output
+    assert not (tmp_path / "x" / "workloads.json").exists()

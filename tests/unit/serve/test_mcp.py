@@ -1,0 +1,112 @@
+"""``hiermem mcp``: the memory tools over the Model Context Protocol, through the official SDK's client.
+
+In-process (the server object and an in-memory session): time ranges, every memory kind, namespaces,
+options. The server as a process (stdio, streamable HTTP) is tested in the integration tests. All on the
+real embedded local embedder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp", reason='the MCP SDK is not installed (pip install "hiermem[mcp]")')
+
+from mcp import Client  # noqa: E402
+
+from shared_core.serve.mcp_server import MEMORY_KINDS, build_server, open_store, parse_host_port  # noqa: E402
+from shared_core.types import InvalidInputError  # noqa: E402
+from tests.support.mcp import (
+    ALICE,
+    BOB,
+    _error,
+    _ids,
+    _ok,
+    _remember_all,
+)
+
+
+# --------------------------------------------------------------------------- in-process
+async def test_time_range(local_embedder: Any) -> None:
+    """A leaf outside the time range never comes back; either end may be open; a date includes its day."""
+    server = build_server(open_store(None, "segtree", local_embedder))
+    async with Client(server) as client:
+        msgs = [
+            ("We talked about hiking in the Alps.", "ana", "2024-01-15T10:00:00"),
+            ("We planned hiking in the Pyrenees.", "ana", "2024-03-10T10:00:00"),
+            ("We went hiking in the Rockies.", "ana", "2024-03-31T23:30:00"),
+            ("We dreamt of hiking in Patagonia.", "ana", "2024-06-01T10:00:00"),
+        ]
+        ids = await _remember_all(client, "ana", msgs)
+        q = {"namespace": "ana", "query": "hiking trips"}
+        assert _ids(await _ok(client, "recall", q)) == set(ids)
+        for start, end, inside in [
+            ("2024-03-01", "2024-03-31", {1, 2}),  # a date-only end includes its whole day
+            ("2024-03-01T00:00:00", "2024-03-31T12:00:00", {1}),
+            (None, "2024-02-01", {0}),
+            ("2024-04-01", None, {3}),
+            ("2025-01-01", None, set()),
+        ]:
+            args = {**q, "time_range_start": start, "time_range_end": end}
+            hits = await _ok(client, "recall", args)
+            assert _ids(hits) == {ids[i] for i in inside}, (start, end)
+            for h in hits:
+                assert h["timestamp"] is None or h["timestamp"] in {msgs[i][2] for i in inside}
+        for policy in ("collapsed", "bottom_up"):
+            args = {**q, "policy": policy, "time_range_start": "2024-03-01", "time_range_end": "2024-03-31"}
+            assert _ids(await _ok(client, "recall", args)) <= {ids[1], ids[2]}
+        msg = await _error(
+            client, "recall", {**q, "time_range_start": "2024-05-01", "time_range_end": "2024-01-01"}
+        )
+        assert "after" in msg
+        assert "ISO-8601" in await _error(client, "recall", {**q, "time_range_start": "last week"})
+
+
+@pytest.mark.parametrize("kind", MEMORY_KINDS)
+async def test_every_memory_kind(kind: str, local_embedder: Any, tmp_path: Path) -> None:
+    server = build_server(open_store(tmp_path / "store", kind, local_embedder))
+    async with Client(server) as client:
+        ids = await _remember_all(client, "alice", ALICE)
+        await _remember_all(client, "bob", BOB)
+        hits = await _ok(client, "recall", {"namespace": "alice", "query": "What is my dog's name?", "k": 5})
+        assert ids[0] in _ids(hits) and _ids(hits) <= set(ids)
+        leaf_hits = [h for h in hits if h["is_leaf"]]
+        assert leaf_hits and all(h["timestamp"] in {m[2] for m in ALICE} for h in leaf_hits)
+        stats = await _ok(client, "memory_stats", {"namespace": "alice"})
+        assert stats["kind"] == kind and stats["messages"] == 4
+        assert await _ok(client, "forget", {"namespace": "alice", "id": ids[0]}) == 1
+        hits = await _ok(client, "recall", {"namespace": "alice", "query": "What is my dog's name?"})
+        assert ids[0] not in _ids(hits) and not any("Luna" in h["text"] for h in hits)
+        assert (await _ok(client, "memory_stats", {"namespace": "alice"}))["messages"] == 3
+        msg = await _error(client, "recall", {"namespace": "alice", "query": "dog", "policy": "best"})
+        assert "best" in msg and stats["default_policy"] in msg
+
+
+async def test_namespaces_never_mix(local_embedder: Any, tmp_path: Path) -> None:
+    """Names that look like paths or like each other are distinct namespaces."""
+    server = build_server(open_store(tmp_path, "segtree", local_embedder))
+    names = ["alice", "Alice", "alice/", "../alice", "alice bob", "ali\u00e7e", "🙂"]
+    async with Client(server) as client:
+        ids = {}
+        for n in names:
+            ids[n] = await _ok(
+                client, "remember", {"namespace": n, "text": f"My secret word is {n}-pineapple."}
+            )
+        assert await _ok(client, "list_namespaces") == sorted(names)
+        for n in names:
+            hits = await _ok(client, "recall", {"namespace": n, "query": "secret word"})
+            assert _ids(hits) == {ids[n]}, n
+            assert (await _ok(client, "memory_stats", {"namespace": n}))["messages"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ns-")) == sorted(
+        p.name for p in tmp_path.iterdir() if p.is_dir()
+    )
+
+
+def test_parse_host_port() -> None:
+    assert parse_host_port("127.0.0.1:8000") == ("127.0.0.1", 8000)
+    assert parse_host_port("[::1]:9") == ("::1", 9)
+    for bad in ("8000", ":8000", "host:", "host:0", "host:70000", "host:http"):
+        with pytest.raises(InvalidInputError):
+            parse_host_port(bad)
