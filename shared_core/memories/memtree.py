@@ -40,13 +40,14 @@ from .memtree_config import (
     module_arguments,
 )
 from .memtree_routes import RouteCache
+from .memtree_vectors import AnchoredSummaryVectors, check_reembed_cosine
 from .registry import register_memory
 
 __all__ = ["MemTree", "MemTreeAggregator"]
 
 
 @register_memory
-class MemTree(RouteCache, HierarchicalMemory):
+class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     """MemTree: a dynamic semantic tree of aggregated memories.
 
     The root is structural (text ``""``, never indexed or returned). Leaves hold the messages; every
@@ -191,6 +192,7 @@ class MemTree(RouteCache, HierarchicalMemory):
         "admissible": "all",
         "policy": "collapsed",
         "branching": None,
+        "reembed_cosine": None,
     }
 
     def __init__(
@@ -217,9 +219,11 @@ class MemTree(RouteCache, HierarchicalMemory):
         admissible: str = "leaves",
         policy: str = "top_down",
         branching: int | None = 256,
+        reembed_cosine: float | None = 0.9,
     ) -> None:
         self.default_policy = check_choice(policy, self.policies, "policy")  # type: ignore[misc]
         self.branching = check_branching(branching, "no bound: the paper's rule")
+        self.reembed_cosine = check_reembed_cosine(reembed_cosine)
         self.alpha = check_alpha(alpha)
         self.horizon = check_horizon(horizon)
         self.admissible = check_choice(admissible, ADMISSIBLE, "admissible")
@@ -234,6 +238,7 @@ class MemTree(RouteCache, HierarchicalMemory):
         self.max_context = _positive_int(max_context, "max_context (characters)")
         self.max_workers = _positive_int(max_workers, "max_workers")
         self._init_routes()
+        self._init_anchors()
         self._set_state({})
         super().__init__(
             embedder,
@@ -315,6 +320,7 @@ class MemTree(RouteCache, HierarchicalMemory):
             "admissible": self.admissible,
             "policy": self.default_policy,
             "branching": self.branching,
+            "reembed_cosine": self.reembed_cosine,
         }
 
     def _get_state(self) -> dict[str, Any]:
@@ -335,6 +341,7 @@ class MemTree(RouteCache, HierarchicalMemory):
         self._calls_sum = float(state.get("llm_calls_sum", 0.0))
         self._calls_sumsq = float(state.get("llm_calls_sumsq", 0.0))
         self._routes = {}  # a reset, a load, a rollback or another process's commits: read anew
+        self._forget_anchors()  # the summaries' vectors may be others now: embed each when next rewritten
 
     # ------------------------------------------------------------------ insertion (Sec. 3.1)
     def threshold_at(self, depth: int, height: int | None = None) -> float:
@@ -401,7 +408,8 @@ class MemTree(RouteCache, HierarchicalMemory):
         if expand is not None:
             jobs.append((st.nodes[expand].text, message.render(), 1))
         texts = self._aggregate_all(jobs, usage)
-        vecs = self._annotation_vecs(texts, usage) if texts else None
+        nids = [*path, *([None] if expand is not None else [])]
+        vecs, anchors = self._summary_vecs(nids, texts, usage) if texts else (None, [])
         # 3. mutate
         if target is None:
             root = st.new_node(level=0, data={"entries": 0})
@@ -422,6 +430,9 @@ class MemTree(RouteCache, HierarchicalMemory):
             st.add_child(parent.id, leaf.id)
             st.set_level(expand, leaf_depth)
             self._set_vector(parent.id, vecs[-1])
+            self._forget_anchors([parent.id])
+            if anchors[-1] is not None:
+                self._anchors[parent.id] = anchors[-1]
             holder = parent.id
         else:
             st.add_child(target, leaf.id)
@@ -430,6 +441,8 @@ class MemTree(RouteCache, HierarchicalMemory):
             assert vecs is not None
             st.set_text(u, texts[j])
             self._set_vector(u, vecs[j])
+            if anchors[j] is not None:
+                self._anchors[u] = anchors[j]
         root_id = st.root
         assert root_id is not None
         for u in [*path, root_id]:
@@ -534,6 +547,7 @@ class MemTree(RouteCache, HierarchicalMemory):
         if root is not None and not st.nodes[root].children:
             st.delete_node(root)
             touched.clear()
+        self._forget_anchors([i for i in list(self._anchors) if i not in st.nodes])
         live = {t for t in touched if t in st.nodes}
         order: dict[int, int] = {}
         for t in live:
@@ -555,6 +569,9 @@ class MemTree(RouteCache, HierarchicalMemory):
             raise ModelError("The summariser returned an empty summary while repairing the tree.")
         usage += u
         st.set_text(nid, text)
+        if nid in self._anchors:  # its vector was moved from a text that may hold deleted words:
+            self._forget_anchors([nid])  # embed its text at the commit, changed or not
+            st.changed.add(nid)
 
     def _reannotate(self, nid: int, usage: Usage) -> None:
         self._reaggregate(nid, usage)
