@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..scores import inner_products, normalize_rows, unit_row_norm
+from ..search.index import inner_products, normalize_rows, unit_row_norm
 from ..types import InvalidInputError, check_finite
 
 if TYPE_CHECKING:
