@@ -122,11 +122,21 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     messages pulled into clusters). ``max_depth`` wins over the bound (a node at the depth cap takes the
     leaf). ``branching=None`` is the paper's rule; saves made before this option load with it.
 
+    **Departure: a path summary is embedded again only when its text has drifted** (``reembed_cosine``,
+    default 0.9; the paper embeds every rewritten summary, Sec. 3.1). With the extractive aggregate a
+    rewritten summary whose composed vector (mean of its sentences' cached vectors) keeps a cosine of at
+    least ``reembed_cosine`` with that of the text it was last embedded with gets that embedding moved by
+    the change of the composed vector, ``normalise(e_a + c - c_a)``
+    (:mod:`~shared_core.memories.memtree_vectors`); otherwise it is embedded. On LoCoMo this halves the
+    CPU of an add with recall within its interval (docs/evaluation.md, "MemTree: re-embedding drifted
+    summaries only"). An LLM aggregate, ``annotation_vectors="composed"`` or ``reembed_cosine=None``
+    (what :meth:`from_config` and saves made before this option use) embed as before.
+
     **Deletion**. Deleting a leaf removes it; an internal node left with a single child is collapsed
     (the child takes its place, one level up, so every internal node but the root keeps at least two
     children, as insertion guarantees); then every remaining ancestor is re-aggregated bottom-up from its
     children's texts (``summarize(children, entries=n, rebuild=True)``; with the extractive summariser no
-    sentence of a deleted message survives) and re-embedded.
+    sentence of a deleted message survives) and re-embedded (exactly, whatever ``reembed_cosine``).
 
     Args:
         embedder: the embedder (default: the embedded all-MiniLM-L6-v2, 384-d).
@@ -166,6 +176,8 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         policy: default retrieval policy, ``"top_down"`` (default), ``"collapsed"`` or ``"traversal"``.
         branching: the most children a node takes before new messages are sent down into its most
             similar child, an int >= 2, default 256; ``None`` = no bound (the paper's rule).
+        reembed_cosine: a rewritten summary is embedded when the cosine of its composed vector with its
+            anchor's falls below this, a float in ``(0, 1]``, default 0.9; ``None`` = always (the paper's).
 
     Policies: ``top_down`` (default), ``collapsed``, ``traversal``.
 
