@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from shared_core import InvalidInputError, Message
 from shared_core.memories.memtree import MemTree
 from shared_core.memories.memtree_vectors import anchored_vector
-from shared_core.models.extractive import split_sentences
+from shared_core.models.extractive import ExtractiveSummarizer, split_sentences
 from tests.test_durable import HashEmbedder, check_tree, message_text
 
 
@@ -183,3 +183,20 @@ def test_options_round_trip_old_saves_and_errors(tmp_path):
             MemTree(HashEmbedder(), reembed_cosine=bad)
     mem.clear()
     assert mem._anchors == {}
+
+
+@pytest.mark.parametrize("kind", ["other_embedder", "composed"])
+def test_without_composition_on_the_memorys_embedder_every_summary_is_embedded(kind):
+    """A summariser that does not compose with the memory's embedder (as an LLM aggregate), or composed
+    summary vectors: no anchors, every summary's vector its rule's own."""
+    emb = RecordingEmbedder()
+    if kind == "other_embedder":
+        mem = MemTree(emb, base_threshold=-1.0, summarizer=ExtractiveSummarizer(HashEmbedder()))
+    else:
+        mem = MemTree(emb, base_threshold=-1.0, annotation_vectors="composed")
+    summary = three_about_dogs(mem)
+    text = mem._store.nodes[summary].text
+    assert mem._anchors == {}
+    want = embedded(emb, text) if kind == "other_embedder" else composed(emb, text)
+    np.testing.assert_allclose(mem._index.get([summary])[0], want, atol=1e-5)
+    assert (text in emb.seen) == (kind == "other_embedder")
