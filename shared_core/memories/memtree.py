@@ -346,8 +346,8 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
 
     def _set_state(self, state: dict[str, Any]) -> None:
         height = state.get("height")
+        store = getattr(self, "_store", None)
         if height is None:
-            store = getattr(self, "_store", None)
             height = max(store.depths().values(), default=0) if store is not None else 0
         self._height = int(height)
         self._n_inserts = int(state.get("inserts", 0))
@@ -355,6 +355,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         self._calls_sumsq = float(state.get("llm_calls_sumsq", 0.0))
         self._routes = {}  # a reset, a load, a rollback or another process's commits: read anew
         self._forget_anchors()  # the summaries' vectors may be others now: embed each when next rewritten
+        self._anchors_lost = store is not None and store.n_leaves > 1
 
     # ------------------------------------------------------------------ insertion (Sec. 3.1)
     def threshold_at(self, depth: int, height: int | None = None) -> float:

@@ -94,6 +94,9 @@ class AnchoredSummaryVectors:
 
     def _init_anchors(self) -> None:
         self._anchors: dict[int, Anchor] = {}  # summary id -> its anchor; not saved
+        # True after a load, a rollback or another process's commits dropped the anchors while summaries
+        # existed: some summaries may then hold vectors moved from anchors this process no longer has
+        self._anchors_lost = False
 
     def _forget_anchors(self, nids: Any = None) -> None:
         """Drop the anchors of ``nids`` (every anchor when ``None``): those summaries are embedded the next
