@@ -209,6 +209,7 @@ def module_arguments(
     kwargs.setdefault("policy", "collapsed")
     kwargs.setdefault("admissible", "all")
     kwargs.setdefault("branching", None)  # the paper's insertion
+    kwargs.setdefault("reembed_cosine", None)  # the paper's: every rewritten summary embedded
     return {
         "embedder": embedder,
         "k": top,
