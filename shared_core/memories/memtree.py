@@ -123,7 +123,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     leaf). ``branching=None`` is the paper's rule; saves made before this option load with it.
 
     **Departure: a path summary is embedded again only when its text has drifted** (``reembed_cosine``,
-    default 0.9; the paper embeds every rewritten summary, Sec. 3.1). With the extractive aggregate a
+    default 0.95; the paper embeds every rewritten summary, Sec. 3.1). With the extractive aggregate a
     rewritten summary whose composed vector (mean of its sentences' cached vectors) keeps a cosine of at
     least ``reembed_cosine`` with that of the text it was last embedded with gets that embedding moved by
     the change of the composed vector, ``normalise(e_a + c - c_a)``
@@ -178,7 +178,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         branching: the most children a node takes before new messages are sent down into its most
             similar child, an int >= 2, default 256; ``None`` = no bound (the paper's rule).
         reembed_cosine: a rewritten summary is embedded when the cosine of its composed vector with its
-            anchor's falls below this, a float in ``(0, 1]``, default 0.9; ``None`` = always (the paper's).
+            anchor's falls below this, a float in ``(0, 1]``, default 0.95; ``None`` = always (the paper's).
 
     Policies: ``top_down`` (default), ``collapsed``, ``traversal``.
 
@@ -232,7 +232,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         admissible: str = "leaves",
         policy: str = "top_down",
         branching: int | None = 256,
-        reembed_cosine: float | None = 0.9,
+        reembed_cosine: float | None = 0.95,
     ) -> None:
         self.default_policy = check_choice(policy, self.policies, "policy")  # type: ignore[misc]
         self.branching = check_branching(branching, "no bound: the paper's rule")

@@ -24,7 +24,7 @@ from shared_core import InvalidInputError, Message
 from shared_core.memories.memtree import MemTree
 from shared_core.memories.memtree_vectors import anchored_vector
 from shared_core.models.extractive import ExtractiveSummarizer, split_sentences
-from tests.test_durable import HashEmbedder, check_tree, message_text
+from tests.support.memory import HashEmbedder, check_tree, message_text
 
 
 class RecordingEmbedder(HashEmbedder):
@@ -174,7 +174,7 @@ def test_options_round_trip_old_saves_and_errors(tmp_path):
     mem.save(tmp_path / "m")
     back = MemTree.load(tmp_path / "m", embedder=HashEmbedder())
     assert back.reembed_cosine == 0.8 and back._anchors == {}  # anchors are not saved
-    assert MemTree(HashEmbedder()).reembed_cosine == 0.9
+    assert MemTree(HashEmbedder()).reembed_cosine == 0.95
     old = {k: v for k, v in mem._config().items() if k != "reembed_cosine"}
     assert MemTree.stored_config(old)["reembed_cosine"] is None  # saved before the option: the paper's
     assert MemTree.from_config({}, embedder=HashEmbedder()).reembed_cosine is None
