@@ -52,6 +52,7 @@ from shared_core.types import (
     ModelError,
     UnknownPolicyError,
 )
+from tests.support.langgraph_store import FACTS
 from tests.support.memory import HashEmbedder
 
 
@@ -76,16 +77,6 @@ def fake_embedder(size: int = FAKE_DIM) -> LangChainEmbedder:
 
 def seg_memory(**kw: Any) -> SegTreeMem:
     return SegTreeMem(embedder=kw.pop("embedder", None) or fake_embedder(), relevance="dense", **kw)
-
-
-FACTS = [
-    "My dog is called Luna and she is a beagle.",
-    "I work as a night nurse at the city hospital.",
-    "Last summer we hiked the Pyrenees for two weeks.",
-    "My favourite dish is a spicy ramen with egg.",
-    "The car broke down on the motorway on Tuesday.",
-    "I am learning to play the cello on weekends.",
-]
 
 
 # =========================================================================== model adapters

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from llama_index.core import Settings
 from llama_index.core.llms import MockLLM
@@ -11,6 +10,7 @@ from llama_index.llms.openai import OpenAI
 
 from llamaindex_hiermem import HierMemEmbedding, LlamaIndexLLM, SegTreeIndex
 from shared_core.types import ModelError
+from tests.support.llamaindex import HashEmbedder
 from tests.support.openai_server import Reply, hash_embedding, openai_server  # noqa: F401
 
 TEXTS = [
@@ -18,20 +18,6 @@ TEXTS = [
     "Luna loves running on the beach every morning.",
     "My sister Maria lives in Oslo.",
 ]
-
-
-class HashEmbedder:
-    """Deterministic core embedder (these tests are about the LLM path)."""
-
-    dim = 16
-
-    def embed(self, texts):
-        return np.asarray([hash_embedding(t, self.dim) for t in texts], dtype=np.float32).reshape(
-            -1, self.dim
-        )
-
-    async def aembed(self, texts):
-        return self.embed(texts)
 
 
 @pytest.fixture(autouse=True)
