@@ -176,6 +176,8 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     if cfg.get("split"):
         facts.append(f"split {cfg['split']} ({', '.join(cfg.get('split_files') or [])})")
     facts.append(f"add batches: {cfg.get('add_batch')}")
+    if cfg.get("render") not in (None, "plain"):
+        facts.append(f"returned texts rendered {cfg['render']} for every method")
     if cfg.get("max_queries"):
         facts.append(f"first {cfg['max_queries']} queries per conversation")
     if llm:
@@ -240,7 +242,13 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
             lines += [
                 "Bold: the best flat baseline(s) of the column (of "
                 + ", ".join(flats)
-                + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion).",
+                + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion"
+                + (
+                    f", fusion only at the dev-chosen weight {comp['fusion_weight']:g}"
+                    if comp.get("fusion_weight") is not None
+                    else ""
+                )
+                + ").",
                 "",
             ]
         if all(c.lstrip("-").isdigit() for c in cats):
