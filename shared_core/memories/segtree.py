@@ -17,6 +17,7 @@ from ..models.parsing import complete_parsed, parse_label
 from ..prompts import fence
 from ..prompts import segtree as P
 from ..search.index import inner_products
+from ..search.ranking import HYBRID_NORMS
 from ..search.selection import check_cap
 from ..tree.nodes import ChildTexts
 from ..tree.propagation import propagate_levelled
@@ -135,10 +136,15 @@ class SegTreeMem(HierarchicalMemory):
             before the rest of the ranking fills ``k``; every policy
             (:meth:`~shared_core.search.ranking.Ranking._shaped`). Not in the paper.
         segment_depth: the depth below the root of the node naming a segment for ``segment_cap``, an
-            int >= 1, default 1 (the root's children).
+            int >= 1, default 1 (the root's children); a hit not deeper than that is grouped by its
+            parent (so a large value groups every leaf by its parent, the lowest segment).
         neighbours: neighbourhood expansion, an int >= 0, default 0 (off): each leaf hit is followed by
             up to this many of its sibling leaves, nearest in turn order first, within the same ``k``
             and ``max_tokens``. Not in the paper.
+        hybrid_norm: over which nodes ``hybrid`` relevance takes the maxima it divides its dense and
+            BM25 parts by: ``"nodes"`` (default: every indexed node, summaries included) or
+            ``"leaves"`` (the messages only, as flat ``fusion`` does). A scoring choice, not structure:
+            ranking leaves with the maxima of the summaries too reweighs the two parts per query.
 
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
@@ -188,6 +194,7 @@ class SegTreeMem(HierarchicalMemory):
         segment_cap: int | None = None,
         segment_depth: int = 1,
         neighbours: int = 0,
+        hybrid_norm: str = "nodes",
     ) -> None:
         if compat not in COMPAT_MODELS:
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
@@ -216,6 +223,7 @@ class SegTreeMem(HierarchicalMemory):
         self.segment_cap = check_cap(segment_cap, "segment_cap")
         self.segment_depth = check_cap(segment_depth, "segment_depth", optional=False)  # type: ignore[assignment]
         self.neighbours = check_cap(neighbours, "neighbours", minimum=0, optional=False)  # type: ignore[assignment]
+        self.hybrid_norm = check_choice(hybrid_norm, HYBRID_NORMS, "hybrid_norm")
         self._decisions: dict[str, int] = {}
         self._pools: dict[int, SummaryPool] = {}  # frontier nodes' annotation state (see _annotate)
         super().__init__(
@@ -267,6 +275,7 @@ class SegTreeMem(HierarchicalMemory):
             "segment_cap": self.segment_cap,
             "segment_depth": self.segment_depth,
             "neighbours": self.neighbours,
+            "hybrid_norm": self.hybrid_norm,
         }
 
     def _get_state(self) -> dict[str, Any]:
