@@ -4,13 +4,12 @@ library (SegTreeMem's ``segment_cap`` / ``neighbours``) and as the flat control 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from shared_core.eval.baselines import FlatFusion
 from shared_core.memories.segtree import SegTreeMem
 from shared_core.search.selection import capped, check_cap, with_neighbours
-from shared_core.types import InvalidInputError, Message, UnknownPolicyError
+from shared_core.types import InvalidInputError, Message
 from tests.test_eval_runner import BowEmbedder
 
 
@@ -117,20 +116,3 @@ def test_segtree_neighbours_follow_their_leaf_and_cap_spreads_segments():
     n_segs = len(set(segs))
     assert len(set(segs[:n_segs])) == n_segs  # the first n_segs hits: one per segment
     assert {h.node_id for h in hits} == {h.node_id for h in ranked}
-
-
-def test_hybrid_norm_leaves_divides_by_the_leaf_maxima():
-    msgs = _sessions()
-    for norm in ("nodes", "leaves"):
-        m = SegTreeMem(BowEmbedder(), hybrid_norm=norm)
-        m.add(msgs)
-        ids, r = m.relevance("lisbon hotel")
-        ids_d, dense = m.relevance("lisbon hotel", kind="dense")
-        ids_b, bm = m.relevance("lisbon hotel", kind="bm25")
-        assert (ids == ids_d).all() and (ids == ids_b).all()
-        over = m._leaf_mask(ids) if norm == "leaves" else np.ones(len(ids), bool)
-        want = 0.5 * dense / dense[over].max() + 0.5 * bm / bm[over].max()
-        np.testing.assert_allclose(r, want, rtol=1e-6)
-        assert m._config()["hybrid_norm"] == norm
-    with pytest.raises(UnknownPolicyError):
-        SegTreeMem(BowEmbedder(), hybrid_norm="all")

@@ -17,7 +17,6 @@ from ..models.parsing import complete_parsed, parse_label
 from ..prompts import fence
 from ..prompts import segtree as P
 from ..search.index import inner_products
-from ..search.ranking import HYBRID_NORMS
 from ..search.selection import check_cap
 from ..tree.nodes import ChildTexts
 from ..tree.propagation import propagate_levelled
@@ -141,10 +140,6 @@ class SegTreeMem(HierarchicalMemory):
         neighbours: neighbourhood expansion, an int >= 0, default 0 (off): each leaf hit is followed by
             up to this many of its sibling leaves, nearest in turn order first, within the same ``k``
             and ``max_tokens``. Not in the paper.
-        hybrid_norm: over which nodes ``hybrid`` relevance takes the maxima it divides its dense and
-            BM25 parts by: ``"nodes"`` (default: every indexed node, summaries included) or
-            ``"leaves"`` (the messages only, as flat ``fusion`` does). A scoring choice, not structure:
-            ranking leaves with the maxima of the summaries too reweighs the two parts per query.
 
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
@@ -194,7 +189,6 @@ class SegTreeMem(HierarchicalMemory):
         segment_cap: int | None = None,
         segment_depth: int = 1,
         neighbours: int = 0,
-        hybrid_norm: str = "nodes",
     ) -> None:
         if compat not in COMPAT_MODELS:
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
@@ -223,7 +217,6 @@ class SegTreeMem(HierarchicalMemory):
         self.segment_cap = check_cap(segment_cap, "segment_cap")
         self.segment_depth = check_cap(segment_depth, "segment_depth", optional=False)  # type: ignore[assignment]
         self.neighbours = check_cap(neighbours, "neighbours", minimum=0, optional=False)  # type: ignore[assignment]
-        self.hybrid_norm = check_choice(hybrid_norm, HYBRID_NORMS, "hybrid_norm")
         self._decisions: dict[str, int] = {}
         self._pools: dict[int, SummaryPool] = {}  # frontier nodes' annotation state (see _annotate)
         super().__init__(
@@ -275,7 +268,6 @@ class SegTreeMem(HierarchicalMemory):
             "segment_cap": self.segment_cap,
             "segment_depth": self.segment_depth,
             "neighbours": self.neighbours,
-            "hybrid_norm": self.hybrid_norm,
         }
 
     def _get_state(self) -> dict[str, Any]:

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ADMISSIBLE",
     "Candidates",
-    "HYBRID_NORMS",
     "RELEVANCE_KINDS",
     "Ranking",
     "TokenBudget",
@@ -55,8 +54,6 @@ NODE_SEARCH_NPROBE = 32
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
 #: admissible sets of a ranking: every node with text, or message leaves only
 ADMISSIBLE = ("all", "leaves")
-#: the node sets ``hybrid`` relevance may normalise over (:attr:`Ranking.hybrid_norm`)
-HYBRID_NORMS = ("nodes", "leaves")
 
 
 def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
@@ -190,9 +187,6 @@ class Ranking:
     segment_depth: int = 1
     #: sibling leaves placed after each leaf hit (its segment neighbours, nearest in turn order first)
     neighbours: int = 0
-    #: over which nodes ``hybrid`` takes the maxima it divides by: ``"nodes"`` (every indexed node,
-    #: summaries included) or ``"leaves"`` (message leaves only, as flat fusion over messages does)
-    hybrid_norm: str = "nodes"
 
     if TYPE_CHECKING:
 
@@ -239,10 +233,8 @@ class Ranking:
             query: the query text.
             kind: ``"dense"`` (``max(cos, 0)`` of query and node embeddings, the papers' scorer),
                 ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming) or
-                ``"hybrid"`` (each of the two divided by its maximum, then mixed as
-                ``w * dense + (1 - w) * bm25``; the maxima are taken over every indexed node, summaries
-                included, or over the message leaves only, as :attr:`hybrid_norm` says); default
-                ``None`` = the memory's ``relevance``.
+                ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
+                ``w * dense + (1 - w) * bm25``); default ``None`` = the memory's ``relevance``.
             hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1]; default ``None`` = the memory's.
             qvec: a precomputed normalised query vector (optional).
 
@@ -271,24 +263,7 @@ class Ranking:
         if kind == "bm25":
             return ids, bm
         assert dense is not None
-        if self.hybrid_norm == "leaves":
-            return ids, self._fused_over_leaves(ids, dense, bm, hybrid_weight)
         return ids, fuse(dense, bm, hybrid_weight)
-
-    def _fused_over_leaves(
-        self, ids: np.ndarray, dense: np.ndarray, bm: np.ndarray, weight: float
-    ) -> np.ndarray:
-        """``hybrid`` with both maxima taken over the message leaves among ``ids`` (a part whose leaf
-        maximum is 0 stays as it is); a summary may then score above 1. ``float32 (n,)``."""
-        leaf = self._leaf_mask(ids)
-        if not leaf.any():
-            return fuse(dense, bm, weight)
-        parts = []
-        for x in (dense, bm):
-            x = np.asarray(x, dtype=np.float32)
-            m = np.float32(x[leaf].max())
-            parts.append(x / m if m > 0 else x.copy())
-        return (weight * parts[0] + (1.0 - weight) * parts[1]).astype(np.float32)
 
     # ------------------------------------------------------------------ approximate first stage
     def _search_max(self) -> int | None:
