@@ -232,7 +232,10 @@ class Ranking:
         Args:
             query: the query text.
             kind: ``"dense"`` (``max(cos, 0)`` of query and node embeddings, the papers' scorer),
-                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming) or
+                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming; the
+                document frequencies and average length are those of every indexed node, summaries
+                included, which is what ranks message leaves better than BM25 over the messages alone:
+                docs/evaluation.md, "Corpus share, decomposed") or
                 ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
                 ``w * dense + (1 - w) * bm25``); default ``None`` = the memory's ``relevance``.
             hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1]; default ``None`` = the memory's.
