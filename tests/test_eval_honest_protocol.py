@@ -4,13 +4,106 @@ texts for every method alike. Hand-worked tiny cases."""
 
 from __future__ import annotations
 
+import json
+import re
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from shared_core.eval import metrics as M
 from shared_core.eval import protocol as P
 from shared_core.eval import runner as R
+from shared_core.eval.data import Conversation, Query
 from shared_core.types import Hit, InvalidInputError, Message
-from tests.test_eval_runner import BowEmbedder, _agg, tiny_conversation, write_jsonl
+
+
+class BowEmbedder:
+    """Deterministic bag-of-words embedder (hashed lower-cased words, 64-d): fast and topical."""
+
+    dim = 64
+    name = "bow-64"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"\w+", t.lower()):
+                out[i, zlib.crc32(w.encode()) % self.dim] += 1.0
+            out[i, 0] += 1e-3  # never a zero vector
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+def tiny_conversation() -> Conversation:
+    """Two sessions about fruit and travel; three queries asked online (two mid-way, one at the end)."""
+    s1 = ["I love bananas and mangoes.", "My sister grows apples in Kent.", "We made banana bread today."]
+    s2 = [
+        "Next month I fly to Lisbon.",
+        "The flight to Lisbon leaves at nine.",
+        "I booked a hotel by the sea.",
+    ]
+    msgs = [
+        Message(t, speaker="Ann", id=f"D1:{i + 1}", timestamp="1 May 2023", metadata={"session": 1})
+        for i, t in enumerate(s1)
+    ] + [
+        Message(t, speaker="Ann", id=f"D2:{i + 1}", timestamp="9 May 2023", metadata={"session": 2})
+        for i, t in enumerate(s2)
+    ]
+    queries = [
+        Query("Who grows apples?", "her sister", ["D1:2"], 4, position=3, id="q0"),
+        Query("Where does Ann fly next month?", "Lisbon", ["D2:1", "D2:2"], 1, position=6, id="q1"),
+        Query("What did they bake?", "banana bread", ["D1:3"], 4, position=6, id="q2"),
+    ]
+    return Conversation("tiny", msgs, queries, meta={"source": "jsonl"})
+
+
+def write_jsonl(path: Path, conv: Conversation) -> Path:
+    """The conversation as a ``hiermem eval --jsonl`` file (queries at their positions)."""
+    lines = []
+    for i, m in enumerate([*conv.messages, None]):
+        for q in conv.queries:
+            if q.position == i:
+                lines.append(
+                    {
+                        "question": q.question,
+                        "answer": q.answer,
+                        "evidence": q.evidence,
+                        "category": q.category,
+                        "id": q.id,
+                    }
+                )
+        if m is not None:
+            lines.append(
+                {
+                    "text": m.text,
+                    "speaker": m.speaker,
+                    "id": m.id,
+                    "timestamp": m.timestamp,
+                    "metadata": m.metadata,
+                }
+            )
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _agg(values: dict[str, float], kind: str, build: str | None = None) -> dict:
+    """A per-method aggregate whose every compared metric takes the given per-dataset values."""
+    shifts = (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
+    by_ds = {
+        lab: {"overall": {m: v + d for m, d in shifts}, "by_category": {}, "construction": {}}
+        for lab, v in values.items()
+    }
+    pooled = float(np.mean(list(values.values())))
+    return {
+        "build": build or kind,
+        "kind": kind,
+        "overall": {m: pooled + d for m, d in shifts},
+        "by_dataset": by_ds,
+    }
 
 
 # --------------------------------------------------------------------------- (a) dev-chosen fusion weight
