@@ -18,6 +18,7 @@ __all__ = ["LLM_METRICS", "QUERY_METRICS", "aggregate_results"]
 QUERY_METRICS = (
     "evidence_recall",
     "span_recall",
+    "subtree_recall",
     "answer_token_recall",
     "returned_tokens",
     "n_hits",

@@ -20,6 +20,7 @@ from ..models.base import Embedder, validate_embeddings
 from ..search.index import inner_products, top_k, unit_row_norm
 from ..search.lexical import LexicalIndex
 from ..search.relevance import DEFAULT_HYBRID_WEIGHT, check_weight, fuse
+from ..search.selection import capped, check_cap, with_neighbours
 from ..types import (
     AddReport,
     EmbeddingError,
@@ -67,6 +68,11 @@ def _default_embedder() -> Embedder:
 class _Flat:
     """Shared message store of the flat baselines."""
 
+    #: at most this many hits of one session before the rest of the ranking fills ``k`` (``None``: off)
+    session_cap: int | None = None
+    #: adjacent turns of the same session placed after each hit (nearest first, the earlier on ties)
+    neighbours: int = 0
+
     def __init__(self) -> None:
         self._messages: list[Message] = []
         self._texts: list[str] = []
@@ -106,6 +112,39 @@ class _Flat:
             source_ids=[m.id] if m.id is not None else [],
             metadata=meta,
         )
+
+    def _session(self, i: int) -> Any:
+        """The session of message ``i`` (``metadata["session"]``), else ``None`` (a session of its own)."""
+        return self._messages[i].metadata.get("session")
+
+    def _adjacent(self, i: int) -> list[int]:
+        """The turns next to message ``i`` in insertion order within its session, nearest first (the
+        earlier on ties), as far as :attr:`neighbours` reaches on each side."""
+        ses = self._session(i)
+        out: list[int] = []
+        for d in range(1, self.neighbours + 1):
+            for j in (i - d, i + d):
+                if 0 <= j < len(self._messages) and self._session(j) == ses:
+                    out.append(j)
+        return out
+
+    def _shaped(self, order: Iterable[int], scores: Iterable[Any]) -> tuple[list[int], list[float]]:
+        """The ranking reordered by :attr:`session_cap` (:func:`~shared_core.search.selection.capped`)
+        and :attr:`neighbours` (:func:`~shared_core.search.selection.with_neighbours`, a neighbour with
+        the score of the hit it follows): the flat control of the memories' segment cap and sibling
+        expansion (:meth:`~shared_core.search.ranking.Ranking._shaped`), over sessions and turn order
+        instead of a tree."""
+        items = [(int(i), float(sc)) for i, sc in zip(order, scores)]
+        if self.session_cap is not None:
+            items = capped(items, lambda it: self._session(it[0]), self.session_cap)
+        if self.neighbours:
+            items = with_neighbours(
+                items,
+                lambda it: [(j, it[1]) for j in self._adjacent(it[0])],
+                self.neighbours,
+                key=lambda it: it[0],
+            )
+        return [i for i, _ in items], [sc for _, sc in items]
 
     def _select(
         self, order: Iterable[int], scores: Iterable[Any], k: int, max_tokens: int | None
@@ -413,10 +452,16 @@ class FlatFusion(_Flat):
             default ``hybrid_weight``). ``1.0`` ranks by ``max(cos, 0)`` alone, ``0.0`` by BM25 alone.
         stem: stem in BM25, default ``True``.
         stopwords: BM25 stop-word list, default ``"en"``.
+        session_cap: at most this many hits of one session (``Message.metadata["session"]``) before
+            the rest of the ranking fills ``k``, an int >= 1 or ``None`` (default, off): the flat control
+            of the memories' ``segment_cap``.
+        neighbours: each hit followed by up to this many adjacent turns of its session (nearest first),
+            within the same ``k`` and ``max_tokens``, an int >= 0, default 0 (off): the flat control of
+            the memories' ``neighbours`` (sibling leaves).
 
     Raises:
-        InvalidInputError: ``hybrid_weight`` is not a number in ``[0, 1]``, or an unknown stop-word
-            list.
+        InvalidInputError: ``hybrid_weight`` is not a number in ``[0, 1]``, an unknown stop-word
+            list, or a bad ``session_cap`` / ``neighbours``.
 
     References:
         Bruch, Gai & Ingber (2023), "An Analysis of Fusion Functions for Hybrid Retrieval" (convex
@@ -429,9 +474,13 @@ class FlatFusion(_Flat):
         hybrid_weight: float = DEFAULT_HYBRID_WEIGHT,
         stem: bool = True,
         stopwords: str | None = "en",
+        session_cap: int | None = None,
+        neighbours: int = 0,
     ) -> None:
         super().__init__()
         self.hybrid_weight = check_weight(hybrid_weight)
+        self.session_cap = check_cap(session_cap, "session_cap")
+        self.neighbours = check_cap(neighbours, "neighbours", minimum=0, optional=False)  # type: ignore[assignment]
         self.dense = FlatDense(embedder)
         self.bm25 = FlatBM25(stem=stem, stopwords=stopwords)
 
@@ -498,4 +547,6 @@ class FlatFusion(_Flat):
         with self._lock:
             fused = self.scores(query)
             order = np.argsort(-fused, kind="stable")
-            return self._select(order, fused[order], k, budget)
+            if self.session_cap is None and not self.neighbours:
+                return self._select(order, fused[order], k, budget)
+            return self._select(*self._shaped(order, fused[order]), k, budget)

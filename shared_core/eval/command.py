@@ -157,6 +157,21 @@ def eval_command(
         False, "--resume", help="Skip conversations whose results are already in --out."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    fusion_weight: float | None = typer.Option(
+        None,
+        "--fusion-weight",
+        min=0.0,
+        max=1.0,
+        help="The flat fusion weight chosen on dev: fusion[weight=W] is added and is the only fusion weight "
+        "counted as a flat baseline (default: the dev-chosen weight with --split validate, else every "
+        "fusion weight evaluated counts).",
+    ),
+    render: str = typer.Option(
+        "plain",
+        "--render",
+        help="Returned texts as scored, for every method alike: plain (as stored) or dated (message "
+        "leaves as '[8 May 2023] speaker: text', the form of xMemory's facts).",
+    ),
 ) -> None:
     """Evaluate memories and flat baselines online on LoCoMo / RealMem / JSONL conversations.
 
@@ -199,6 +214,8 @@ def eval_command(
             command=_recorded_command(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "eval" else None,
             split=split,
             data_root=data,
+            fusion_weight=fusion_weight,
+            render=render,
         )
     except HierMemError as e:
         raise _fail(e) from None

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..search.relevance import DEFAULT_HYBRID_WEIGHT
+from ..search.relevance import DEFAULT_HYBRID_WEIGHT, check_weight
 from .methods import BASELINES, COUNTED_BASELINES, MethodSpec, memory_facts, reference_spec
 from .protocol import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, paired_bootstrap, paired_values
 
@@ -45,6 +45,11 @@ def _diff(a: Any, b: Any) -> float | None:
     return None if a is None or b is None else float(a) - float(b)
 
 
+def _weight(m: Mapping[str, Any]) -> float:
+    """The dense weight of a ``fusion`` method's aggregate (its ``hybrid_weight``, default 0.5)."""
+    return float((m.get("params") or {}).get("hybrid_weight", DEFAULT_HYBRID_WEIGHT))
+
+
 def _fusion_weights(
     methods: Mapping[str, Any], metrics: Sequence[str], labels: Sequence[str], value: Any
 ) -> dict[str, Any] | None:
@@ -53,13 +58,10 @@ def _fusion_weights(
     if len(fus) < 2:
         return None
 
-    def weight(m: Mapping[str, Any]) -> float:
-        return float((m.get("params") or {}).get("hybrid_weight", DEFAULT_HYBRID_WEIGHT))
-
     def scope(s: str | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for metric in metrics:
-            vals = [(n, weight(m), value(n, s, metric)) for n, m in fus.items()]
+            vals = [(n, _weight(m), value(n, s, metric)) for n, m in fus.items()]
             vals = [x for x in vals if x[2] is not None]
             if not vals:
                 out[metric] = None
@@ -85,13 +87,16 @@ def compare_methods(
     *,
     n_resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    fusion_weight: float | None = None,
 ) -> dict[str, Any]:
     """Each memory's default policy against the flat baselines: three numbers, with intervals.
 
     For every scope (``"overall"``, pooled over all queries, and each dataset) and metric:
 
     * best flat baseline: the highest value among the methods whose kind is in
-      :data:`COUNTED_BASELINES` (ties: the first in ``methods`` order);
+      :data:`COUNTED_BASELINES` (ties: the first in ``methods`` order); with ``fusion_weight`` the only
+      ``fusion`` build that counts is the one with that weight (a weight chosen on dev: on validate the
+      flat fusion is held at it, as every memory parameter is), the others are reported only;
     * per memory build, with ``default`` = its default policy's value (``"<build>:<default_policy>"``),
       ``collapsed`` = the value of the same build's ``collapsed`` policy (every node ranked by the
       memory's own relevance, no descent: the same relevance without the structure) and ``reference``
@@ -126,22 +131,31 @@ def compare_methods(
         n_resamples: bootstrap resamples, default :data:`~shared_core.eval.protocol.BOOTSTRAP_RESAMPLES`
             (10,000).
         seed: bootstrap seed, default :data:`~shared_core.eval.protocol.BOOTSTRAP_SEED` (0).
+        fusion_weight: the dense weight of the one ``fusion`` build that counts, in ``[0, 1]``, default
+            ``None`` (every ``fusion`` weight counts: on dev the best of a sweep is the dev-best weight).
 
     Returns:
-        ``{"metrics": [...], "flat_baselines": [names], "best_flat": {"overall": {metric: {"method",
-        "value"} or None}, "by_dataset": {label: {...}}}, "memories": {build: {"kind", "default",
-        "policy", "relevance", "hybrid_weight" (None unless hybrid), "collapsed", "reference", "overall":
-        {metric: {"default", "collapsed", "reference", "best_flat", "best_flat_method",
-        "margin_over_best_flat", "tree_share", "corpus_share"[, "ci95"]}}, "by_dataset": {label:
-        {...}}}}, "fusion_weights": {...} or None[, "bootstrap": {"resamples", "seed", "level",
-        "unit"}]}``.
+        ``{"metrics": [...], "flat_baselines": [names], "fusion_weight": weight or None, "best_flat":
+        {"overall": {metric: {"method", "value"} or None}, "by_dataset": {label: {...}}}, "memories":
+        {build: {"kind", "default", "policy", "relevance", "hybrid_weight" (None unless hybrid),
+        "collapsed", "reference", "overall": {metric: {"default", "collapsed", "reference", "best_flat",
+        "best_flat_method", "margin_over_best_flat", "tree_share", "corpus_share"[, "ci95"]}},
+        "by_dataset": {label: {...}}}}, "fusion_weights": {...} or None[, "bootstrap": {"resamples",
+        "seed", "level", "unit"}]}``.
 
     Raises:
         InvalidInputError: ``n_resamples`` below 1 (with ``rows``).
     """
     metrics = list(metrics)
     labels = list(dict.fromkeys(lab for m in methods.values() for lab in m.get("by_dataset", {})))
-    flats = [n for n, m in methods.items() if m.get("kind") in COUNTED_BASELINES]
+    if fusion_weight is not None:
+        fusion_weight = check_weight(fusion_weight)
+    flats = [
+        n
+        for n, m in methods.items()
+        if m.get("kind") in COUNTED_BASELINES
+        and (m.get("kind") != "fusion" or fusion_weight is None or _weight(m) == fusion_weight)
+    ]
 
     def value(name: str, scope: str | None, metric: str) -> Any:
         m = methods.get(name)
@@ -228,6 +242,7 @@ def compare_methods(
     doc: dict[str, Any] = {
         "metrics": metrics,
         "flat_baselines": flats,
+        "fusion_weight": fusion_weight,
         "best_flat": best_flat,
         "memories": memories,
         "fusion_weights": _fusion_weights(methods, metrics, labels, value),

@@ -13,15 +13,21 @@ from typing import Any
 
 import numpy as np
 
+from ..models.extractive import holds_words, split_sentences
 from ..search.lexical import tokenize
-from ..types import InvalidInputError, count_tokens
+from ..types import InvalidInputError, count_tokens, parse_timestamp
 
 __all__ = [
+    "RENDERS",
+    "date_text",
+    "render_returned",
     "answer_token_recall",
     "content_words",
+    "contained_recall",
     "count_tokens",
     "evidence_recall",
     "mean_by",
+    "message_sentences",
     "rouge_l_recall",
     "span_recall",
 ]
@@ -71,6 +77,9 @@ def span_recall(
 ) -> float:
     """Share of distinct evidence ids with at least one message inside a retrieved node's span.
 
+    Coverage by position, whether or not the node's text shows the message (a summary over a span is
+    credited with every message in it); :func:`contained_recall` credits only what the texts show.
+
     Args:
         spans: ``(first, last)`` insertion indices (inclusive) of the retrieved nodes (``Hit.span``).
         evidence: gold evidence ids.
@@ -100,6 +109,118 @@ def span_recall(
         if pos.size and bool(((pos[:, None] >= lo[None, :]) & (pos[:, None] <= hi[None, :])).any()):
             covered += 1
     return covered / len(ev)
+
+
+def contained_recall(
+    hits: Iterable[tuple[str, bool, Sequence[str]]],
+    evidence: Sequence[str],
+    sentences: Mapping[str, Sequence[str]],
+) -> float:
+    """Share of distinct evidence ids whose message a returned text shows.
+
+    A leaf hit shows the messages it stores (its ``source_ids``). Any other hit (a summary, a fact, an
+    episode) shows an evidence id only when the id is among its ``source_ids`` *and* one of the
+    sentences of a message carrying that id occurs in the hit's text as a run of whole words
+    (:func:`~shared_core.models.extractive.holds_words`): a summary covering a span is credited with the
+    messages it quotes, not with every message below it. An abstractive (LLM) summary quotes nothing
+    verbatim and so is credited with nothing; a sentence cut off by a summary's length limit does not
+    count.
+
+    Args:
+        hits: per returned hit ``(text, is_leaf, source_ids)``.
+        evidence: gold evidence ids (duplicates count once).
+        sentences: per evidence id the sentences of the messages carrying it (e.g.
+            :func:`~shared_core.models.extractive.split_sentences` of each ``Message.render()``; a
+            RealMem session id maps to the sentences of all its turns). An id missing here is shown
+            only by a leaf.
+
+    Returns:
+        A float in [0, 1].
+
+    Raises:
+        InvalidInputError: ``evidence`` is empty.
+
+    Examples:
+        >>> hit = ("A: x. B y.", False, ["d1", "d2"])  # a summary over d1 and d2
+        >>> contained_recall([hit], ["d1", "d2"], {"d1": ["B y."], "d2": ["C z."]})
+        0.5
+    """
+    ev = list(dict.fromkeys(map(str, evidence)))
+    if not ev:
+        raise InvalidInputError(
+            "evidence is empty; contained recall is defined only for queries with evidence."
+        )
+    want = set(ev)
+    shown: set[str] = set()
+    for text, is_leaf, ids in hits:
+        for sid in map(str, ids):
+            if sid not in want or sid in shown:
+                continue
+            if is_leaf or any(s and holds_words(text, s) for s in sentences.get(sid, ())):
+                shown.add(sid)
+    return len(shown) / len(ev)
+
+
+def message_sentences(messages: Iterable[Any]) -> dict[str, list[str]]:
+    """Per source id, the sentences of the rendered messages carrying it (for :func:`contained_recall`).
+
+    Args:
+        messages: :class:`~shared_core.types.Message` objects; those without an ``id`` are skipped.
+
+    Returns:
+        ``{id: [sentence, ...]}``, sentences from
+        :func:`~shared_core.models.extractive.split_sentences` of ``Message.render()``, in message order.
+    """
+    out: dict[str, list[str]] = {}
+    for m in messages:
+        if m.id is not None:
+            out.setdefault(str(m.id), []).extend(split_sentences(m.render()))
+    return out
+
+
+RENDERS = ("plain", "dated")
+"""How ``hiermem eval`` renders the returned texts it scores (answer-token recall, returned tokens, the
+LLM's context), for every method alike: ``"plain"`` (the stored texts as returned) or ``"dated"``
+(each message leaf prefixed with its date, ``"[8 May 2023] speaker: text"``, the form of xMemory's
+fact texts; other hits unchanged)."""
+
+
+def date_text(timestamp: str | None) -> str | None:
+    """A timestamp as the date xMemory writes in its facts: ``"8 May 2023"``.
+
+    Args:
+        timestamp: any string :func:`~shared_core.types.parse_timestamp` reads, else kept stripped.
+
+    Returns:
+        ``"<day> <Month> <year>"``, the stripped string when it cannot be read, ``None`` when empty.
+    """
+    dt = parse_timestamp(timestamp)
+    if dt is not None:
+        return f"{dt.day} {dt.strftime('%B %Y')}"
+    return timestamp.strip() if isinstance(timestamp, str) and timestamp.strip() else None
+
+
+def render_returned(text: str, is_leaf: bool, timestamp: str | None, render: str = "plain") -> str:
+    """The returned text of one hit as scored under a render (:data:`RENDERS`).
+
+    Args:
+        text: the hit's text. is_leaf: whether it is a message leaf. timestamp: the message's timestamp.
+        render: ``"plain"`` (default, ``text`` unchanged) or ``"dated"`` (a leaf with a readable date
+            becomes ``"[<date_text>] <text>"``; any other hit is unchanged).
+
+    Returns:
+        The text.
+
+    Raises:
+        InvalidInputError: an unknown render.
+    """
+    if render not in RENDERS:
+        raise InvalidInputError(f"render must be one of {', '.join(RENDERS)}, got {render!r}.")
+    if render == "dated" and is_leaf:
+        d = date_text(timestamp)
+        if d is not None:
+            return f"[{d}] {text}"
+    return text
 
 
 def content_words(text: str) -> set[str]:

@@ -30,6 +30,7 @@ __all__ = [
     "BOOTSTRAP_LEVEL",
     "BOOTSTRAP_RESAMPLES",
     "BOOTSTRAP_SEED",
+    "DEV_FUSION_WEIGHT",
     "QUERY_ROW_FIELDS",
     "QUERY_ROWS_JSONL",
     "SPLITS",
@@ -59,6 +60,12 @@ SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
 conv-30, RealMem Kenta_Tanaka; ``validate``: LoCoMo conv-49 and conv-50, RealMem Pak_Budi and
 Oliver_Smith."""
 
+DEV_FUSION_WEIGHT = 0.4
+"""The flat ``fusion`` weight chosen on dev (the dense weight ``w`` of
+:func:`~shared_core.search.relevance.fuse`; the best pooled evidence recall@10 of the dev sweep
+0.2-0.8, see docs/evaluation.md). On ``validate`` the flat fusion that counts as a baseline is held at
+it, as every memory parameter is held at its dev choice."""
+
 DATA_ENV = "HIERMEM_DATA"
 """Environment variable naming the data root (used when no root is passed)."""
 
@@ -80,6 +87,7 @@ QUERY_ROWS_JSONL = "queries.jsonl"
 QUERY_ROW_FIELDS = (
     "evidence_recall",
     "span_recall",
+    "subtree_recall",
     "answer_token_recall",
     "returned_tokens",
     "n_hits",

@@ -130,6 +130,12 @@ def _fusion_lines(comp: Mapping[str, Any], split: Any) -> list[str]:
         return []
     where = f"the {split} split" if split else "this run's data"
     lines = [f"### Flat fusion weight sweep (best weight on {where}, all queries pooled)", ""]
+    if comp.get("fusion_weight") is not None:
+        lines += [
+            f"Reported only: the fusion weight that counts as a flat baseline is {comp['fusion_weight']:g}, "
+            "chosen on dev.",
+            "",
+        ]
     lines += ["| metric | " + " | ".join(["values by dense weight w", "best w", "best value"]) + " |"]
     lines += ["|---|---|---:|---:|"]
     for metric, c in (fw.get("overall") or {}).items():
@@ -176,6 +182,8 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     if cfg.get("split"):
         facts.append(f"split {cfg['split']} ({', '.join(cfg.get('split_files') or [])})")
     facts.append(f"add batches: {cfg.get('add_batch')}")
+    if cfg.get("render") not in (None, "plain"):
+        facts.append(f"returned texts rendered {cfg['render']} for every method")
     if cfg.get("max_queries"):
         facts.append(f"first {cfg['max_queries']} queries per conversation")
     if llm:
@@ -240,7 +248,13 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
             lines += [
                 "Bold: the best flat baseline(s) of the column (of "
                 + ", ".join(flats)
-                + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion).",
+                + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion"
+                + (
+                    f", fusion only at the dev-chosen weight {comp['fusion_weight']:g}"
+                    if comp.get("fusion_weight") is not None
+                    else ""
+                )
+                + ").",
                 "",
             ]
         if all(c.lstrip("-").isdigit() for c in cats):
@@ -284,8 +298,10 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
             )
         lines.append("")
     lines.append(
-        "Evidence recall counts leaf hits only; span recall counts every leaf under any hit. Latency "
-        "excludes the query embedding when the embedding cache is on (shared by every method)."
+        "Evidence recall counts leaf hits only; span recall counts the messages a hit's text shows (a "
+        "summary: those whose sentences it quotes); subtree recall (in results.json) counts every leaf "
+        "under any hit. Latency excludes the query embedding when the embedding cache is on (shared by "
+        "every method)."
     )
     return "\n".join(lines) + "\n"
 

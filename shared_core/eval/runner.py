@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..models.extractive import sentence_spans
+from ..search.relevance import check_weight
 from ..types import InvalidInputError, Usage
 from .aggregate import LLM_METRICS, QUERY_METRICS, aggregate_results
 from .compare import COMPARED_METRICS, _build_facts, _nan_to_none, compare_methods
@@ -56,10 +57,19 @@ from .methods import (
     reference_spec,
     with_references,
 )
-from .metrics import answer_token_recall, count_tokens, evidence_recall
+from .metrics import (
+    RENDERS,
+    answer_token_recall,
+    contained_recall,
+    count_tokens,
+    evidence_recall,
+    message_sentences,
+    render_returned,
+)
 from .protocol import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
+    DEV_FUSION_WEIGHT,
     QUERY_ROWS_JSONL,
     SPLITS,
     SplitDataMissingError,
@@ -248,6 +258,7 @@ def evaluate_conversation(
     judge: Any = None,
     dataset: str = "",
     progress: Any = None,
+    render: str = "plain",
 ) -> dict[str, Any]:
     """Evaluate every method on one conversation, online, one object per build.
 
@@ -260,9 +271,13 @@ def evaluate_conversation(
 
     * ``evidence_recall``: share of the evidence ids carried by the *leaf* hits (a summary node counts
       for nothing here) — recall@k at leaf level;
-    * ``span_recall``: share of evidence ids carried by some leaf under some hit (for memories whose
-      nodes cover contiguous spans, exactly "a hit's span contains the evidence");
-    * ``answer_token_recall``: share of the gold answer's content words in the joined hit texts;
+    * ``span_recall``: share of evidence ids whose message a hit's text shows
+      (:func:`~shared_core.eval.metrics.contained_recall`: a leaf its own message, a summary the
+      messages below it or drawn on that it quotes a sentence of, verbatim);
+    * ``subtree_recall``: share of evidence ids carried by some leaf under some hit, whether or not its
+      text shows them (a summary is credited with its whole span; reported, not compared);
+    * ``answer_token_recall``: share of the gold answer's content words in the joined hit texts, as
+      rendered by ``render``;
     * ``returned_tokens`` (:func:`~shared_core.eval.metrics.count_tokens`), ``n_hits``, ``leaf_hits``;
     * ``latency_ms`` / ``latency_cpu_ms``: wall-clock and process CPU milliseconds of ``retrieve``;
     * with ``judge``: ``answer``, ``llm_accuracy`` (the 0/1 verdict or None), ``rouge_l_recall``.
@@ -280,6 +295,9 @@ def evaluate_conversation(
         judge: an :class:`~shared_core.eval.judge.AnswerJudge`, or ``None``.
         dataset: the dataset label written into each row.
         progress: an object with ``update(n)`` (e.g. a tqdm bar) or ``None``.
+        render: one of :data:`~shared_core.eval.metrics.RENDERS` (how returned texts are scored, for
+            every method alike; ``"dated"`` prefixes message leaves with their date), default
+            ``"plain"``. The ``max_tokens`` budget applies to the texts as stored.
 
     Returns:
         ``{"conversation", "dataset", "data": {...}, "builds": {build: construction}, "methods":
@@ -298,6 +316,8 @@ def evaluate_conversation(
         raise InvalidInputError(f"add_batch must be one of {ADD_BATCH_MODES}, got {add_batch!r}.")
     if not specs:
         raise InvalidInputError("No methods to evaluate.")
+    if render not in RENDERS:
+        raise InvalidInputError(f"render must be one of {', '.join(RENDERS)}, got {render!r}.")
     queries = sorted(conv.queries, key=lambda q: q.position)
     if max_queries is not None:
         queries = queries[: int(max_queries)]
@@ -339,6 +359,7 @@ def evaluate_conversation(
                 ),
             }
     rows: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
+    ctx = _ScoreContext(conv, dataset, judge, render)
     batches = _batches(conv, end, add_batch)
     bi = 0
     for q in queries:
@@ -374,7 +395,7 @@ def evaluate_conversation(
             w0, c0 = time.perf_counter(), time.process_time()
             hits = list(obj.retrieve(q.question, **kw))
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            rows[s.name].append(_score(conv, q, hits, wall, cpu, judge, dataset))
+            rows[s.name].append(_score(ctx, q, hits, wall, cpu))
         if progress is not None:
             progress.update(1)
     for key, obj in builds.items():
@@ -402,22 +423,44 @@ def evaluate_conversation(
     )
 
 
-def _score(
-    conv: Conversation, q: Any, hits: list[Any], wall: float, cpu: float, judge: Any, dataset: str
-) -> dict[str, Any]:
-    texts = [h.text for h in hits]
+class _ScoreContext:
+    """What scoring a conversation's hits needs once: the sentences and timestamps per source id."""
+
+    def __init__(self, conv: Conversation, dataset: str, judge: Any, render: str) -> None:
+        self.conv, self.dataset, self.judge, self.render = conv, dataset, judge, render
+        self.sentences = message_sentences(conv.messages)
+        self.stamps: dict[str, str | None] = {}
+        for m in conv.messages:
+            if m.id is not None:
+                self.stamps.setdefault(str(m.id), m.timestamp)
+
+    def text(self, h: Any) -> str:
+        """The hit's returned text under the run's render."""
+        if self.render == "plain" or not h.is_leaf:
+            return h.text
+        ts = (h.metadata or {}).get("timestamp")
+        if ts is None and h.source_ids:
+            ts = self.stamps.get(str(h.source_ids[0]))
+        return render_returned(h.text, True, ts, self.render)
+
+
+def _score(ctx: _ScoreContext, q: Any, hits: list[Any], wall: float, cpu: float) -> dict[str, Any]:
+    conv, judge = ctx.conv, ctx.judge
+    texts = [ctx.text(h) for h in hits]
     leaf_ids = [sid for h in hits if h.is_leaf for sid in h.source_ids]
     all_ids = [sid for h in hits for sid in h.source_ids]
     has_ev = bool(q.evidence)
+    shown = [(h.text, bool(h.is_leaf), h.source_ids) for h in hits]
     row: dict[str, Any] = {
-        "dataset": dataset,
+        "dataset": ctx.dataset,
         "conversation": conv.id,
         "query_id": q.id,
         "category": q.category,
         "position": q.position,
         "n_evidence": len(q.evidence),
         "evidence_recall": evidence_recall(leaf_ids, q.evidence) if has_ev else math.nan,
-        "span_recall": evidence_recall(all_ids, q.evidence) if has_ev else math.nan,
+        "span_recall": contained_recall(shown, q.evidence, ctx.sentences) if has_ev else math.nan,
+        "subtree_recall": evidence_recall(all_ids, q.evidence) if has_ev else math.nan,
         "answer_token_recall": answer_token_recall(q.answer, texts) if q.answer.strip() else math.nan,
         "returned_tokens": count_tokens(texts),
         "n_hits": len(hits),
@@ -491,6 +534,8 @@ def run_eval(
     data_root: str | Path | None = None,
     n_resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    fusion_weight: float | None = None,
+    render: str = "plain",
 ) -> dict[str, Any]:
     """Run an evaluation end to end and (with ``out``) write its files.
 
@@ -530,6 +575,12 @@ def run_eval(
             ``../shared/data``); only its relative file paths are recorded.
         n_resamples: bootstrap resamples per interval, default 10,000.
         seed: bootstrap seed, default 0.
+        fusion_weight: the dense weight of the flat ``fusion`` that counts as a flat baseline
+            (``fusion[weight=W]`` is added when not listed; other weights are reported, not counted),
+            default ``None``: :data:`~shared_core.eval.protocol.DEV_FUSION_WEIGHT` (the weight chosen
+            on dev) with ``split="validate"``, else every evaluated weight counts.
+        render: how returned texts are scored, for every method alike
+            (:data:`~shared_core.eval.metrics.RENDERS`: ``"plain"``, the default, or ``"dated"``).
 
     Returns:
         The results document (what ``results.json`` holds).
@@ -555,7 +606,16 @@ def run_eval(
         raise InvalidInputError(f"max_queries must be a positive integer, got {max_queries!r}.")
     if add_batch not in ADD_BATCH_MODES:
         raise InvalidInputError(f"add_batch must be one of {', '.join(ADD_BATCH_MODES)}, got {add_batch!r}.")
+    if render not in RENDERS:
+        raise InvalidInputError(f"render must be one of {', '.join(RENDERS)}, got {render!r}.")
     specs = with_references(parse_methods(methods, memory_llm=llm_memories), memory_llm=llm_memories)
+    if fusion_weight is None and split == "validate":
+        fusion_weight = DEV_FUSION_WEIGHT
+    if fusion_weight is not None:
+        fusion_weight = check_weight(fusion_weight)
+        counted = reference_spec("hybrid", fusion_weight)
+        if counted.name not in {s.name for s in specs}:
+            specs.append(counted)
     split_files: list[str] | None = None
     if split is not None:
         files = resolve_split(split, data_root)
@@ -593,6 +653,8 @@ def run_eval(
         "max_queries": max_queries,
         "categories": None if categories is None else sorted(int(c) for c in categories),
         "add_batch": add_batch,
+        "fusion_weight": fusion_weight,
+        "render": render,
         "conversations": None if conversations is None else list(conversations),
         "embedder": emb_name,
         "embed_cache": bool(embed_cache),
@@ -654,6 +716,7 @@ def run_eval(
                 judge=judge,
                 dataset=d.label,
                 progress=bar,
+                render=render,
             )
             res["fingerprint"] = fp
             if isinstance(emb, CachingEmbedder):
@@ -698,6 +761,7 @@ def run_eval(
         },
         n_resamples=n_resamples,
         seed=seed,
+        fusion_weight=fusion_weight,
     )
     if out_dir is not None:
         from .report import write_report

@@ -636,7 +636,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             self._max_tokens = None if max_tokens is None else int(max_tokens)
             self._allowed = None if flt is None else self._allowed_nodes(flt)
             try:
-                cands = self._retrieve(query, policy, int(k), **params)
+                cands = self._shaped(self._retrieve(query, policy, int(k), **params), int(k))
                 return self._to_hits(cands, int(k), max_tokens)
             finally:
                 self._max_tokens = None

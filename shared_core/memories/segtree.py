@@ -17,6 +17,7 @@ from ..models.parsing import complete_parsed, parse_label
 from ..prompts import fence
 from ..prompts import segtree as P
 from ..search.index import inner_products
+from ..search.selection import check_cap
 from ..tree.nodes import ChildTexts
 from ..tree.propagation import propagate_levelled
 from ..types import (
@@ -129,6 +130,16 @@ class SegTreeMem(HierarchicalMemory):
         summarizer: the annotation model S (default: LLM with the App. G prompt, or extractive).
         summary_chars: extractive annotation budget in characters, default 600.
         annotation_words: word budget given to an LLM annotator, default 120.
+        segment_cap: segment-diverse top-k, an int >= 1 or ``None`` (default, off): at most this many
+            hits from one segment (the hit's ancestor ``segment_depth`` levels below the root) come
+            before the rest of the ranking fills ``k``; every policy
+            (:meth:`~shared_core.search.ranking.Ranking._shaped`). Not in the paper.
+        segment_depth: the depth below the root of the node naming a segment for ``segment_cap``, an
+            int >= 1, default 1 (the root's children); a hit not deeper than that is grouped by its
+            parent (so a large value groups every leaf by its parent, the lowest segment).
+        neighbours: neighbourhood expansion, an int >= 0, default 0 (off): each leaf hit is followed by
+            up to this many of its sibling leaves, nearest in turn order first, within the same ``k``
+            and ``max_tokens``. Not in the paper.
 
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
@@ -175,6 +186,9 @@ class SegTreeMem(HierarchicalMemory):
         summary_chars: int = 600,
         annotation_words: int = 120,
         store: str | Path | None = None,
+        segment_cap: int | None = None,
+        segment_depth: int = 1,
+        neighbours: int = 0,
     ) -> None:
         if compat not in COMPAT_MODELS:
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
@@ -200,6 +214,9 @@ class SegTreeMem(HierarchicalMemory):
             )
         self.top_down_weights = top_down_weights
         self.annotation_words = int(annotation_words)
+        self.segment_cap = check_cap(segment_cap, "segment_cap")
+        self.segment_depth = check_cap(segment_depth, "segment_depth", optional=False)  # type: ignore[assignment]
+        self.neighbours = check_cap(neighbours, "neighbours", minimum=0, optional=False)  # type: ignore[assignment]
         self._decisions: dict[str, int] = {}
         self._pools: dict[int, SummaryPool] = {}  # frontier nodes' annotation state (see _annotate)
         super().__init__(
@@ -248,6 +265,9 @@ class SegTreeMem(HierarchicalMemory):
             "top_down_weights": self.top_down_weights,
             "summary_chars": self.summary_chars,
             "annotation_words": self.annotation_words,
+            "segment_cap": self.segment_cap,
+            "segment_depth": self.segment_depth,
+            "neighbours": self.neighbours,
         }
 
     def _get_state(self) -> dict[str, Any]:

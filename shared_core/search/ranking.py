@@ -27,6 +27,7 @@ from .ann import NeighbourSearch
 from .filters import MessageFilter
 from .index import normalize_rows
 from .relevance import check_weight, fuse
+from .selection import capped, with_neighbours
 
 if TYPE_CHECKING:
     from ..models.base import Embedder
@@ -178,6 +179,15 @@ class Ranking:
     _ns_of: NodeIndex | None
     _ns_dirty: set[int]
 
+    #: at most this many hits from one segment before a second pass fills ``k`` (``None``: no cap);
+    #: see :meth:`_shaped`
+    segment_cap: int | None = None
+    #: the depth below the root of the node that names a hit's segment for ``segment_cap`` (1: the
+    #: root's child, a top-level segment)
+    segment_depth: int = 1
+    #: sibling leaves placed after each leaf hit (its segment neighbours, nearest in turn order first)
+    neighbours: int = 0
+
     if TYPE_CHECKING:
 
         def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit: ...
@@ -222,7 +232,10 @@ class Ranking:
         Args:
             query: the query text.
             kind: ``"dense"`` (``max(cos, 0)`` of query and node embeddings, the papers' scorer),
-                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming) or
+                ``"bm25"`` (BM25 over node texts, English stop words and Snowball stemming; the
+                document frequencies and average length are those of every indexed node, summaries
+                included, which is what ranks message leaves better than BM25 over the messages alone:
+                docs/evaluation.md, "Corpus share, decomposed") or
                 ``"hybrid"`` (each of the two divided by its maximum over the nodes, then mixed as
                 ``w * dense + (1 - w) * bm25``); default ``None`` = the memory's ``relevance``.
             hybrid_weight: ``w`` for ``"hybrid"``, in [0, 1]; default ``None`` = the memory's.
@@ -502,6 +515,58 @@ class Ranking:
             if len(out) >= 3 * k + 8 and (fitting >= k or budget.spent or budget.max_tokens is None):
                 return out
         return out if then is None else out + self._ranked(ids, scores, k, meta, then)
+
+    def _segment_of(self, nid: int) -> int:
+        """The node naming ``nid``'s segment: its ancestor :attr:`segment_depth` levels below the root,
+        or its parent when it is not deeper than that (the node itself for the root)."""
+        path = [*reversed(self._store.ancestors(nid)), nid]
+        return path[max(0, min(self.segment_depth, len(path) - 2))]
+
+    def _sibling_leaves(self, nid: int) -> list[int]:
+        """The other leaves of a leaf's parent, nearest in insertion order first (ties: the earlier)."""
+        nodes = self._store.nodes
+        node = nodes.get(nid)
+        if node is None or not node.is_leaf or node.parent is None:
+            return []
+        at = node.span[0]
+        sibs = [c for c in nodes[node.parent].children if c != nid and nodes[c].is_leaf]
+        return sorted(sibs, key=lambda c: (abs(nodes[c].span[0] - at), nodes[c].span[0]))
+
+    def _shaped(
+        self, cands: list[tuple[int, float, dict[str, Any]]], k: int
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Candidates reordered by the structure-aware selection options (unchanged at their defaults).
+
+        1. ``segment_cap`` (segment-diverse top-k, :func:`~shared_core.search.selection.capped`): at most
+           that many candidates of one segment (:meth:`_segment_of`) come first, in rank order; the rest
+           follow, taken only when those run out (``k`` hits whenever ``k`` distinct texts exist).
+        2. ``neighbours`` (neighbourhood expansion, :func:`~shared_core.search.selection.with_neighbours`):
+           each leaf candidate is followed by up to that many of its sibling leaves
+           (:meth:`_sibling_leaves`), with the leaf's score and ``"neighbour_of"`` in their metadata; they
+           count against the same ``k`` and ``max_tokens``.
+
+        The cap counts candidates in rank order (a text repeated or over the budget still counts), so a
+        segment is capped on what was ranked, not on what fitted.
+
+        Args:
+            cands: ``(node_id, score, metadata)`` best first. k: the hit budget (unused, for overrides).
+
+        Returns:
+            The reordered candidates (the same list when both options are off).
+        """
+        if self.segment_cap is None and not self.neighbours:
+            return cands
+        nodes = self._store.nodes
+        out = cands
+        if self.segment_cap is not None:
+            out = capped(out, lambda c: self._segment_of(c[0]) if c[0] in nodes else None, self.segment_cap)
+        if self.neighbours:
+
+            def around(c: tuple[int, float, dict[str, Any]]) -> list[tuple[int, float, dict[str, Any]]]:
+                return [(s, c[1], {**c[2], "neighbour_of": c[0]}) for s in self._sibling_leaves(c[0])]
+
+            out = with_neighbours(out, around, self.neighbours, key=lambda c: c[0])
+        return out
 
     def _to_hits(
         self, cands: Sequence[tuple[int, float, dict[str, Any]]], k: int, max_tokens: int | None
