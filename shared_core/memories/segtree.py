@@ -57,18 +57,15 @@ class SegTreeMem(HierarchicalMemory):
     New segments instead of new roots (``compat="cosine"``, departure from the paper). In the paper an
     utterance that resembles no frontier annotation is a NONE: a new root over the whole tree. Where
     sessions change subject, that is most session openings, and the tree becomes a staircase of nested
-    prefixes (App. C.3's cascade): with the embedded MiniLM embedder, height 86 for the 384 turns of the
-    bundled RealMem excerpt and 346 for the 1,534 turns of RealMem's Kenta_Tanaka (mean branching 1.07
-    and 1.02, 16 and 57 tree nodes per leaf). Here such an utterance starts a new segment, as a B-tree
+    prefixes (App. C.3's cascade). Here such an utterance starts a new segment, as a B-tree
     appends at its right edge: it attaches, over its own chain (so that the turns that follow it can
     join it at level 2), to the lowest frontier node from level 3 up that has fewer than ``branching``
     (B) children; NONE happens only when every one of them has B. An utterance the model finds
     compatible attaches where the paper puts it. On a stream of mutually dissimilar utterances the tree
     is a complete B-ary tree over one-utterance segments, of height ``3 + floor(log_B(T - 2))`` after
-    ``T >= 3`` utterances (the paper's rule: height ``T``). Measured with the embedded defaults, B = 8:
-    height 5 on the excerpt and on Kenta_Tanaka, 3 and 4 on LoCoMo conv-26 / conv-30 (4 and 5 with the
-    paper's rule), 1.2-1.6 tree nodes per leaf; evidence recall@10 does not drop (see ``alpha``).
-    ``branching=None`` restores the paper's rule exactly; saves made before this option load with it.
+    ``T >= 3`` utterances (the paper's rule: height ``T``). ``branching=None`` restores the paper's rule
+    exactly; saves made before this option load with it. Measured heights and recall:
+    ``docs/evaluation.md``, "SegTreeMem: departures and settings, measured".
 
     Args:
         embedder: the embedder (default: the embedded all-MiniLM-L6-v2).
@@ -78,21 +75,15 @@ class SegTreeMem(HierarchicalMemory):
             ``branching``), ``"pointwise_llm"`` or ``"batch_llm"`` (need ``llm``; as in the paper, SPLIT
             or no MERGE is NONE, and an answer that cannot be parsed after one retry falls back to the
             paper's cosine model over the candidates not yet rejected).
-        threshold: cosine threshold of the ``cosine`` model, default 0.25. The paper gives no value; it
-            sets the tree's shape, because every NONE adds a root level (App. C.3). Chosen on the LoCoMo
-            dev conversations: ``top_down`` evidence recall@10 is 0.625 / 0.647 / 0.647 / 0.629 / 0.652
-            at 0.0 / 0.2 / 0.25 / 0.3 / 0.4 (one query is 0.004), and 0.25 builds trees like the paper's
-            Table 5 (height 4-5, 1.4 nodes per leaf) where 0.4 builds 32-38 levels (all with
-            ``branching=None``). With the default ``branching`` no threshold from 0.2 to 0.4 does
-            better on both LoCoMo dev and RealMem.
+        threshold: cosine threshold of the ``cosine`` model, a float, default 0.25 (chosen on the dev
+            split; the paper gives no value). It sets the tree's shape, because every NONE adds a root
+            level (App. C.3).
         branching: the branching factor ``B`` (B-tree order) of the ``cosine`` model, an int >= 2,
             default 8, or ``None``. An utterance below ``threshold`` with every candidate starts a new
             segment under the lowest frontier node from level 3 up with fewer than ``B`` children, and
             is a NONE (new root) only when every such node has ``B``. ``None`` makes it a NONE always:
             the paper's rule, and the value of saves made before this option. The LLM models do not use
-            it. On the dev data every ``B`` from 2 to 32 keeps the height at 3-7 and evidence recall@10
-            within 0.01 of ``B = 8`` (LoCoMo ``top_down`` 0.644-0.647, RealMem Kenta_Tanaka 0.572-0.576);
-            8 sits inside the mean branching of the paper's trees (Table 5: 3.8-9.2).
+            it. 8 sits inside the mean branching of the paper's trees (Table 5: 3.8-9.2).
         max_children: the most children a node may have, an int >= 2, default 64, or ``None`` (no bound:
             the paper's rule, and the value of saves made before this option). An utterance the
             compatibility model attaches to a node that has ``max_children`` children goes one level up
@@ -101,32 +92,23 @@ class SegTreeMem(HierarchicalMemory):
             utterances join: a long run of compatible utterances becomes consecutive segments of at most
             ``max_children``. A departure from Algorithm 1, which bounds neither a segment's length nor
             the work of re-annotating it on every insert; with the bound an insert costs the same at
-            any length of conversation. Applies to every compatibility model. On the LoCoMo dev
-            conversations (segments of up to 86 children without it) ``top_down`` evidence recall@10 is
-            0.647 without a bound, 0.649 at 32 and 0.651 at 64 (see ``docs/evaluation.md``, "SegTreeMem
-            insert cost in a long segment").
-        alpha: propagation decay ``α`` in ``[0, 1)``, default 0.1 (the paper's). On LoCoMo dev every
-            ``α`` from 0.05 to 0.3 is within three queries of the others (``top_down`` 0.639-0.652); on
-            RealMem, where evidence is a session, a larger ``α`` gathers the top hits into fewer
-            sessions: ``top_down`` session recall@10 0.576 at 0.1 and 0.558 at 0.3, against 0.569 for
-            ``collapsed``. Saves keep the ``α`` they were made with.
+            any length of conversation. Applies to every compatibility model (``docs/evaluation.md``,
+            "SegTreeMem insert cost in a long segment").
+        alpha: propagation decay ``α`` in ``[0, 1)``, default 0.1 (the paper's). Saves keep the ``α``
+            they were made with.
         horizon: propagation horizon ``H``, default 2.
         k: default evidence budget ``K`` (top-k), default 10.
         relevance: local relevance ``R(q, A(v))``: ``"dense"`` (the paper), ``"bm25"`` or ``"hybrid"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
             :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"embedded"`` (the
-            paper's). ``"composed"`` embeds about half as much per add (LoCoMo dev: 3.8 against 4.8
-            texts per message for SegTreeMem, 4.0 against 8.9 for MemTree; 2.4x against 4.8x and 2.5x
-            against 12x the CPU of embedding the message alone) but retrieves worse (evidence recall@10
-            of the default policy on LoCoMo dev: SegTreeMem 0.631 against 0.647, MemTree 0.650
-            against 0.665).
+            paper's). ``"composed"`` embeds about half as much per add but retrieves worse
+            (``docs/evaluation.md``, "Summary vectors: composed or embedded").
         admissible: the admissible set ``𝒢`` of retrieval, ``"all"`` nodes or ``"leaves"`` (default).
         top_down_weights: how ``top_down`` moves a parent's score to its children: ``"share"`` splits it
             equally (the paper's column-normalised ``W_P``) and ``"inherit"`` (default) gives every child
-            the whole score, so a leaf scores its own relevance plus ``α`` times its segment's. In a large
-            segment ``"share"`` leaves each child almost nothing; on LoCoMo dev ``"inherit"`` gives evidence
-            recall@10 0.678 against 0.649 for ``"share"`` at the same settings.
+            the whole score, so a leaf scores its own relevance plus ``α`` times its segment's (in a large
+            segment ``"share"`` leaves each child almost nothing).
         summarizer: the annotation model S (default: LLM with the App. G prompt, or extractive).
         summary_chars: extractive annotation budget in characters, default 600.
         annotation_words: word budget given to an LLM annotator, default 120.
