@@ -100,36 +100,29 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     hybrid_weight=..., admissible=...)`` overrides them per call.
 
     **Departure from the paper, and why.** The paper ranks summaries and messages together by cosine
-    alone (``collapsed``, dense). With the embedded defaults (no LLM: extractive summaries, MiniLM) on the
-    LoCoMo dev conversations that returns summaries that cost the ``k`` budget without naming the
-    evidence turns, and MiniLM alone misses the names and dates questions ask for: evidence recall@10
-    (leaf hits) 0.372 against 0.621 for flat dense+BM25 fusion over the messages. The default
-    ``top_down`` over ``hybrid`` relevance with message leaves as the admissible set reaches the numbers
-    in docs/evaluation.md. ``MemTree(relevance="dense", policy="collapsed")`` (what
+    alone (``collapsed``, dense); with the embedded defaults (no LLM) that returns summaries that cost
+    the ``k`` budget without naming the evidence turns, and MiniLM alone misses names and dates. The
+    default is ``top_down`` over ``hybrid`` relevance with message leaves as the admissible set
+    (measurements: docs/evaluation.md, "MemTree: departures and settings, measured").
+    ``MemTree(relevance="dense", policy="collapsed")`` (what
     :meth:`from_config` builds, and what saves made before these options load as) is the paper's
     retrieval exactly.
 
     **Departure: a bounded fan-out** (``branching``, default 256). The paper attaches every message that
     reaches no child's ``θ(d)`` under ``v``, so a node's fan-out has no bound: the root gathers a fixed
-    share of the messages (RealMem Kenta_Tanaka with MiniLM: more than 256 root children for 1,542
-    messages; about 15% of the leaves on the synthetic topical stream of ``hiermem bench``), and every
-    insert compares the new message with all of them (0.2 ms per insert at 1,000 leaves, 25 ms at
-    100,000). With a bound, a node that has ``branching`` children takes no more: the message goes down
-    into its most similar child as if that child had reached ``θ(d)`` (``report.details[0]["forced"]``
-    counts such steps), so fan-outs stay at most ``branching``. 256 leaves the dev conversations' recall
-    as it was (LoCoMo dev: largest fan-out 19, no forced step; Kenta: 26 forced steps, session
-    recall@10 0.576 with and without the bound), while 64 costs Kenta 0.009 (453 forced steps: unrelated
-    messages pulled into clusters). ``max_depth`` wins over the bound (a node at the depth cap takes the
-    leaf). ``branching=None`` is the paper's rule; saves made before this option load with it.
+    share of the messages, and every insert compares the new message with all of them. With a bound, a
+    node that has ``branching`` children takes no more: the message goes down into its most similar
+    child as if that child had reached ``θ(d)`` (``report.details[0]["forced"]`` counts such steps), so
+    fan-outs stay at most ``branching``. ``max_depth`` wins over the bound (a node at the depth cap takes
+    the leaf). ``branching=None`` is the paper's rule; saves made before this option load with it.
 
     **Departure: a path summary is embedded again only when its text has drifted** (``reembed_cosine``,
     default 0.95; the paper embeds every rewritten summary, Sec. 3.1). With the extractive aggregate a
     rewritten summary whose composed vector (mean of its sentences' cached vectors) keeps a cosine of at
     least ``reembed_cosine`` with that of the text it was last embedded with gets that embedding moved by
     the change of the composed vector, ``normalise(e_a + c - c_a)``
-    (:mod:`~shared_core.memories.memtree_vectors`); otherwise it is embedded. On LoCoMo this halves the
-    CPU of an add; validate recall stays within its interval, dev recall falls by 0.011 (0.95: 0.005, at
-    a third less saving; docs/evaluation.md, "MemTree: re-embedding drifted summaries only"). An LLM
+    (:mod:`~shared_core.memories.memtree_vectors`); otherwise it is embedded (docs/evaluation.md, "MemTree:
+    re-embedding drifted summaries only"). An LLM
     aggregate, ``annotation_vectors="composed"`` or ``reembed_cosine=None`` (what :meth:`from_config` and
     saves made before this option use) embed as before.
 
@@ -161,16 +154,10 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
             :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"embedded"`` (the
-            paper's). ``"composed"`` embeds about half as much per add (LoCoMo dev: 3.8 against 4.8
-            texts per message for SegTreeMem, 4.0 against 8.9 for MemTree; 2.4x against 4.8x and 2.5x
-            against 12x the CPU of embedding the message alone) but retrieves worse (evidence recall@10
-            of the default policy on LoCoMo dev: SegTreeMem 0.631 against 0.647, MemTree 0.650
-            against 0.665).
+            paper's). ``"composed"`` embeds about half as much per add but retrieves worse
+            (``docs/evaluation.md``, "Summary vectors: composed or embedded").
         alpha: ``top_down`` propagation decay in ``[0, 1)``, default 0.1 (SegTreeMem's, the paper's
-            value). With 0.3 the summaries' share tips the ranking towards whatever the deep
-            extractive summaries name: evidence recall@10 on RealMem Kenta_Tanaka falls to 0.563
-            (flat fusion 0.561 in the same harness), against 0.581 with 0.1; on LoCoMo dev 0.665
-            against 0.663 (dev harness: one online build ranked both ways).
+            value).
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (SegTreeMem's default).
         admissible: what ``top_down`` and ``collapsed`` may return: ``"leaves"`` (messages, default) or
             ``"all"`` nodes (summaries too).
