@@ -88,8 +88,25 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _imported(tree: ast.AST, package: str, mods: dict[str, Path]) -> dict[str, int]:
-    """{module of the packages named by an import in ``tree``: line of its first import}."""
+def moved_paths(root: Path = ROOT) -> frozenset[str]:
+    """The old module paths ``shared_core/_compat.py`` keeps importable (its ``MOVED`` keys), read with
+    :mod:`ast` (empty when the file or the table is absent)."""
+    f = root / "shared_core" / "_compat.py"
+    if not f.is_file():
+        return frozenset()
+    for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "MOVED" for t in targets) and node.value is not None:
+                return frozenset(ast.literal_eval(node.value))
+    return frozenset()
+
+
+def _imported(
+    tree: ast.AST, package: str, mods: dict[str, Path], moved: frozenset[str] = frozenset()
+) -> dict[str, int]:
+    """{module of the packages named by an import in ``tree``: line of its first import}. ``from pkg
+    import name`` where ``pkg.name`` is an old path in ``moved`` records ``pkg.name`` (no module)."""
     found: dict[str, int] = {}
     todo = [tree]
     while todo:
@@ -112,7 +129,7 @@ def _imported(tree: ast.AST, package: str, mods: dict[str, Path]) -> dict[str, i
             if target.split(".")[0] in PACKAGES:
                 for a in node.names:
                     sub = f"{target}.{a.name}"
-                    key = sub if sub in mods else target
+                    key = sub if sub in mods or sub in moved else target
                     found[key] = min(found.get(key, node.lineno), node.lineno)
         todo.extend(ast.iter_child_nodes(node))
     return found
@@ -122,10 +139,11 @@ def imports(root: Path = ROOT) -> dict[str, dict[str, int]]:
     """module -> {imported module of the packages: line of its first import}. A name that is no module
     of the packages (an old, moved path) is kept as written (see :func:`unresolved`)."""
     mods = modules(root)
+    moved = moved_paths(root)
     graph: dict[str, dict[str, int]] = {}
     for name, f in mods.items():
         package = name if f.name == "__init__.py" else name.rpartition(".")[0]
-        found = _imported(ast.parse(f.read_text(encoding="utf-8"), filename=str(f)), package, mods)
+        found = _imported(ast.parse(f.read_text(encoding="utf-8"), filename=str(f)), package, mods, moved)
         found.pop(name, None)
         graph[name] = found
     return graph

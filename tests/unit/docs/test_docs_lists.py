@@ -318,7 +318,7 @@ def test_middleware_options_bullet() -> None:
 
 def test_mcp_tools_list() -> None:
     """README's bullet list of MCP tools: every registered tool, with its parameters and defaults."""
-    from shared_core import mcp_server
+    from shared_core.serve import mcp_server
 
     text = _prose(README).replace("\n", " ")
     start = text.index("Tools (bad arguments come back as tool errors")

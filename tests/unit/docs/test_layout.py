@@ -64,7 +64,7 @@ def test_tests_benchmarks_and_scripts_import_no_old_paths():
         package = ".".join(f.relative_to(g.ROOT).parent.parts)
         old += [
             (str(f.relative_to(g.ROOT)), name)
-            for name in g._imported(tree, package, mods)
+            for name in g._imported(tree, package, mods, g.moved_paths())
             if name not in mods
         ]
     assert old == []
@@ -104,6 +104,8 @@ def test_the_checks_catch_planted_violations(tmp_path):
             ),
             "shared_core/memories/__init__.py": "",
             "shared_core/memories/base.py": "from ..memories import segtree\n",
+            "shared_core/_compat.py": 'MOVED = {"shared_core.index": "shared_core.search.index"}\n',
+            "shared_core/serve.py": "from shared_core import index\n",  # an old path through the package
             "shared_core/memories/segtree.py": "from . import base\nimport shared_core.index\n"
             + "x = 1\n" * 801,
             "shared_core/eval/__init__.py": "",
@@ -118,7 +120,10 @@ def test_the_checks_catch_planted_violations(tmp_path):
     assert ("shared_core.types", "shared_core.search.ranking") in up
     assert ("shared_core.search.ranking", "shared_core.eval.metrics") in up
     assert ("shared_core.search.ranking", "shared_core.memories.base") not in up
-    assert g.unresolved(graph, root) == [("shared_core.memories.segtree", "shared_core.index")]
+    assert g.unresolved(graph, root) == [
+        ("shared_core.memories.segtree", "shared_core.index"),
+        ("shared_core.serve", "shared_core.index"),
+    ]
     assert g.long_modules(root) == [("shared_core.memories.segtree", 803)]
 
 
