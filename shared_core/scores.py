@@ -65,6 +65,10 @@ def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
 _U = 2.0**-53  # unit roundoff of float64
 _TINY = float(np.finfo(np.float64).tiny)
 _CHUNK_VALUES = 1 << 20  # float64 values per block (8 MB): rows per block = this // (d + queries)
+# float64 values per block of a single query (2 MB, in cache while BLAS reads it back; under OpenBLAS's
+# threshold for a threaded gemv): converting the rows to float64 costs more than the products, and a
+# block that stays in cache is read back at no cost to memory bandwidth
+_GEMV_VALUES = 1 << 18
 _scratch = threading.local()  # per-thread float64 block, reused across calls
 
 
@@ -73,9 +77,10 @@ def _products64(B: np.ndarray, QT: np.ndarray) -> np.ndarray:
     only has to lie within the error bound of :func:`inner_products`; tests replace it with other
     orders to check that the scores do not change)."""
     if QT.shape[1] == 1:
-        # one query: numpy's own single-threaded loop; OpenBLAS's threaded gemv (and a gemm with
-        # n = 1) took 5-10x longer on a 2-core machine (24 against 3.4 ms at 25.6k x 384)
-        return np.einsum("ij,j->i", B, QT[:, 0])[:, None]
+        # one query: BLAS's gemv on a block of at most _GEMV_VALUES values, which OpenBLAS runs on one
+        # thread (it threads a gemv from 115,200 x 4 values on; a threaded gemv, or a gemm with n = 1,
+        # took 5-10x longer on a 2-core machine). 1.4x faster than numpy's einsum loop at 100k x 384.
+        return np.dot(B, QT)
     return B @ QT  # several queries: a gemm, faster than one pass per query from 8 queries on
 
 
@@ -109,6 +114,19 @@ def exact_dot(x: np.ndarray, y: np.ndarray) -> np.float32:
     return np.float32(r)
 
 
+def _round_into(
+    out: np.ndarray, S: np.ndarray, s: int, err: np.ndarray, X: np.ndarray, Q: np.ndarray
+) -> None:
+    """Write the float32 roundings of the exact products of rows ``s, s + 1, ...`` of ``X`` with ``Q``
+    into ``out[:, s:s + len(S)]``, from their float64 products ``S (rows, m)`` within ``err (m,)``."""
+    lo = (S - err).astype(np.float32)
+    hi = (S + err).astype(np.float32)
+    out[:, s : s + len(S)] = lo.T  # = the rounding of S and of the exact value, where lo == hi
+    unsure = np.argwhere((lo != hi) & np.isfinite(S))
+    for i, j in unsure.tolist():
+        out[j, s + i] = exact_dot(X[s + i], Q[j])
+
+
 def inner_products(X: np.ndarray, queries: np.ndarray, *, row_norm: float | None = None) -> np.ndarray:
     """Inner products of every row of ``X`` with each query: the exact value rounded to float32.
 
@@ -125,9 +143,10 @@ def inner_products(X: np.ndarray, queries: np.ndarray, *, row_norm: float | None
     Algorithms", Sec. 4.2). When both ends of that interval round to the same float32, so does the
     exact value (rounding is monotone); the rare value whose interval holds a float32 rounding
     boundary (about 2 in 10,000 for unit vectors of 384 dimensions) is computed exactly
-    (:func:`exact_dot`, 20 us each). About 3x the cost of FAISS's float32 SIMD kernel, single-threaded
-    (4 against 1.4 ms for 25.6k rows of 384, 16 against 6 ms for 100k), whose sums depend on the SIMD
-    width, the row's alignment and, for some widths, its position in the batch.
+    (:func:`exact_dot`, 20 us each). About 2.5x the cost of a float32 SIMD product such as FAISS's
+    kernel (whose sums depend on the SIMD width, the row's alignment and, for some widths, its position
+    in the batch), single-threaded: 11-12 against 4.6-5 ms for 100k rows of 384, 7 of them converting
+    the rows to float64 in blocks that stay in cache.
 
     Args:
         X: float32 ``(n, d)`` (other dtypes are converted to float32 first).
@@ -159,16 +178,20 @@ def inner_products(X: np.ndarray, queries: np.ndarray, *, row_norm: float | None
         # plus the rounding of S -/+ err themselves (2u |S|, |S| <= |x| |q|), with room for the
         # rounding of the norms
         err = (gamma + 4 * _U) * float(row_norm) * qn * (1.0 + 1e-3) + 4.0 * _TINY
-        step = max(1, _CHUNK_VALUES // max(d + len(Q), 1))  # a block and its products fit the budget
-        for s in range(0, n, step):
-            e = min(n, s + step)
-            B = _block(e - s, d)
-            np.copyto(B, X[s:e])
-            S = _products64(B, QT)  # (rows, m), float64, within err of the exact values
-            lo = (S - err).astype(np.float32)
-            hi = (S + err).astype(np.float32)
-            out[:, s:e] = lo.T  # = the rounding of S and of the exact value, where lo == hi
-            unsure = np.argwhere((lo != hi) & np.isfinite(S))
-            for i, j in unsure.tolist():
-                out[j, s + i] = exact_dot(X[s + i], Q[j])
+        budget = _GEMV_VALUES if len(Q) == 1 else _CHUNK_VALUES
+        step = max(1, budget // max(d + len(Q), 1))  # a block and its products fit the budget
+        if len(Q) == 1:  # one query: the products of every block first, then one rounding pass
+            S = np.empty((n, 1))
+            for s in range(0, n, step):
+                e = min(n, s + step)
+                B = _block(e - s, d)
+                np.copyto(B, X[s:e])
+                S[s:e] = _products64(B, QT)
+            _round_into(out, S, 0, err, X, Q)
+        else:
+            for s in range(0, n, step):
+                e = min(n, s + step)
+                B = _block(e - s, d)
+                np.copyto(B, X[s:e])
+                _round_into(out, _products64(B, QT), s, err, X, Q)
     return out[0] if single else out

@@ -152,6 +152,21 @@ def test_scores_do_not_depend_on_the_kernel_rows_order_or_alignment(kernel, n, m
 
 
 @pytest.mark.parametrize("kernel", [None, *KERNELS])
+@pytest.mark.parametrize("budget", [1, 97, 4_000])
+def test_one_query_over_many_blocks_gives_the_exact_values_of_every_row(monkeypatch, kernel, budget):
+    # one query scores its blocks of _GEMV_VALUES values first and rounds them in one pass: blocks of
+    # one row, of a row and a part, and of several rows (the last one short) give every row's value
+    monkeypatch.setattr(I, "_GEMV_VALUES", budget)
+    if kernel is not None:
+        monkeypatch.setattr(I, "_products64", KERNELS[kernel])
+    X, Q = _rand(250, 48, 11, unit=False), _rand(2, 48, 12, unit=False)
+    want = np.asarray([[exact_dot(x, q) for x in X] for q in Q], np.float32)
+    for j, q in enumerate(Q):
+        assert np.array_equal(inner_products(X, q).view(np.uint32), want[j].view(np.uint32))
+    assert np.array_equal(inner_products(X, Q).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel", [None, *KERNELS])
 def test_rows_whose_exact_value_is_next_to_a_float32_midpoint_round_the_same_under_every_kernel(kernel):
     # a + ulp(a)/2 +- tiny: a float64 sum of any order lands on the midpoint (or, perturbed, on either
     # side of it); only the exact value says which way it rounds
