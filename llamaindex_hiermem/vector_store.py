@@ -41,7 +41,7 @@ class HierMemVectorStore(BasePydanticVectorStore):
         index: the owning index.
 
     References:
-        LlamaIndex ``BasePydanticVectorStore`` protocol; core persistence (``shared_core/persist.py``).
+        LlamaIndex ``BasePydanticVectorStore`` protocol; core persistence (``shared_core/stores/files.py``).
     """
 
     stores_text: bool = True
