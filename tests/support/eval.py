@@ -1,12 +1,16 @@
-"""A cheap bag-of-words embedder for the evaluation tests."""
+"""Helpers of the evaluation tests: a cheap bag-of-words embedder and the ``--jsonl`` input writer."""
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+
+from shared_core.eval.data import Conversation
 
 
 class BowEmbedder:
@@ -29,3 +33,32 @@ class BowEmbedder:
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed(texts)
+
+
+def write_jsonl(path: Path, conv: Conversation) -> Path:
+    """The conversation as a ``hiermem eval --jsonl`` file (queries at their positions)."""
+    lines = []
+    for i, m in enumerate([*conv.messages, None]):
+        for q in conv.queries:
+            if q.position == i:
+                lines.append(
+                    {
+                        "question": q.question,
+                        "answer": q.answer,
+                        "evidence": q.evidence,
+                        "category": q.category,
+                        "id": q.id,
+                    }
+                )
+        if m is not None:
+            lines.append(
+                {
+                    "text": m.text,
+                    "speaker": m.speaker,
+                    "id": m.id,
+                    "timestamp": m.timestamp,
+                    "metadata": m.metadata,
+                }
+            )
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    return path

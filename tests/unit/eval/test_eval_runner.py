@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from shared_core.eval.report import markdown_table
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import eval as P
 from shared_core.types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError
-from tests.support.eval import BowEmbedder
+from tests.support.eval import BowEmbedder, write_jsonl
 from tests.support.openai_server import openai_server  # noqa: F401
 
 
@@ -51,34 +50,6 @@ def tiny_conversation() -> Conversation:
     return Conversation(
         "tiny", msgs, queries, skipped_evidence=2, meta={"source": "jsonl", "skipped_queries": 1}
     )
-
-
-def write_jsonl(path: Path, conv: Conversation) -> Path:
-    lines = []
-    for i, m in enumerate([*conv.messages, None]):
-        for q in conv.queries:
-            if q.position == i:
-                lines.append(
-                    {
-                        "question": q.question,
-                        "answer": q.answer,
-                        "evidence": q.evidence,
-                        "category": q.category,
-                        "id": q.id,
-                    }
-                )
-        if m is not None:
-            lines.append(
-                {
-                    "text": m.text,
-                    "speaker": m.speaker,
-                    "id": m.id,
-                    "timestamp": m.timestamp,
-                    "metadata": m.metadata,
-                }
-            )
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
-    return path
 
 
 # --------------------------------------------------------------------------- method specs

@@ -4,35 +4,13 @@ library (SegTreeMem's ``segment_cap`` / ``neighbours``) and as the flat control 
 
 from __future__ import annotations
 
-import re
-import zlib
-from collections.abc import Sequence
-
-import numpy as np
 import pytest
 
 from shared_core.eval.baselines import FlatFusion
 from shared_core.memories.segtree import SegTreeMem
 from shared_core.search.selection import capped, check_cap, with_neighbours
 from shared_core.types import InvalidInputError, Message
-
-
-class BowEmbedder:
-    """Deterministic bag-of-words embedder (hashed lower-cased words, 64-d): fast and topical."""
-
-    dim = 64
-    name = "bow-64"
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for w in re.findall(r"\w+", t.lower()):
-                out[i, zlib.crc32(w.encode()) % self.dim] += 1.0
-            out[i, 0] += 1e-3  # never a zero vector
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
+from tests.support.eval import BowEmbedder
 
 
 def test_capped_keeps_rank_order_within_both_passes():
