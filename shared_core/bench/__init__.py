@@ -12,44 +12,7 @@
 The names of :mod:`.core` are re-exported here (``from shared_core.bench import run_bench``).
 """
 
-from .core import (
-    DIM,
-    FirstTextSummarizer,
-    HashSummarizer,
-    PoolEmbedder,
-    ReplayEmbedder,
-    SpanEndsSummarizer,
-    bench_memory,
-    clustered_stream,
-    flat_search_timings,
-    machine_description,
-    memory_profile,
-    namespace_profile,
-    pin_threads,
-    render_markdown,
-    run_bench,
-    stub_memory,
-    throughput,
-    topical_stream,
-)
+from . import core
+from .core import *  # noqa: F403  (the names of .core, as before the package split)
 
-__all__ = [
-    "DIM",
-    "FirstTextSummarizer",
-    "HashSummarizer",
-    "PoolEmbedder",
-    "ReplayEmbedder",
-    "SpanEndsSummarizer",
-    "bench_memory",
-    "clustered_stream",
-    "flat_search_timings",
-    "machine_description",
-    "memory_profile",
-    "namespace_profile",
-    "pin_threads",
-    "render_markdown",
-    "run_bench",
-    "stub_memory",
-    "throughput",
-    "topical_stream",
-]
+__all__ = list(core.__all__)
