@@ -6,6 +6,8 @@ Register it on a typer app with ``app.command("bench")(bench_command)``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -219,15 +221,12 @@ def bench_command(
     _console.print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
 
 
-def _workloads_bench(*, out: Path, isolate: bool, **kw: Any) -> None:
-    """``hiermem bench --conversation`` / ``--ingest``: progress bars, a summary, files in ``out``.
-
-    Without isolation the measured code shares its process with the progress display, which then
-    redraws only when a task advances.
-    """
+@contextmanager
+def _progress_bars(auto_refresh: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+    """Rich progress bars, one per label, shown while the block runs; yields the
+    ``progress(label, done, total)`` callback the benchmarks report to. Without ``auto_refresh`` the
+    display redraws only when a task advances (it then shares its process with the measured code)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .workloads import run_workloads
 
     with Progress(
         TextColumn("{task.description}"),
@@ -235,15 +234,27 @@ def _workloads_bench(*, out: Path, isolate: bool, **kw: Any) -> None:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=_console,
-        auto_refresh=isolate,
+        auto_refresh=auto_refresh,
     ) as bars:
         tasks: dict[str, Any] = {}
 
         def progress(label: str, done: int, total: int) -> None:
             if label not in tasks:
                 tasks[label] = bars.add_task(label, total=total)
-            bars.update(tasks[label], completed=done, total=total, refresh=not isolate)
+            bars.update(tasks[label], completed=done, total=total, refresh=not auto_refresh)
 
+        yield progress
+
+
+def _workloads_bench(*, out: Path, isolate: bool, **kw: Any) -> None:
+    """``hiermem bench --conversation`` / ``--ingest``: progress bars, a summary, files in ``out``.
+
+    Without isolation the measured code shares its process with the progress display, which then
+    redraws only when a task advances.
+    """
+    from .workloads import run_workloads
+
+    with _progress_bars(auto_refresh=isolate) as progress:
         try:
             doc = run_workloads(isolate=isolate, out=out, progress=progress, **kw)
         except HierMemError as e:
@@ -263,25 +274,10 @@ def _llm_cost_bench(
     out: Path,
 ) -> None:
     """``hiermem bench --llm-cost``: a progress bar per memory, the Markdown report, files in ``out``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from .llm_cost import render_llm_cost_markdown, run_llm_cost
 
     mems = None if memories.strip().lower() == "all" else [m for m in memories.split(",") if m.strip()]
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=_console,
-    ) as bars:
-        tasks: dict[str, Any] = {}
-
-        def progress(label: str, done: int, total: int) -> None:
-            if label not in tasks:
-                tasks[label] = bars.add_task(label, total=total)
-            bars.update(tasks[label], completed=done, total=total)
-
+    with _progress_bars() as progress:
         try:
             doc = run_llm_cost(
                 memories=mems,
