@@ -197,6 +197,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         self._ns: NeighbourSearch | None = None  # IVF over every indexed node (Ranking._node_search)
         self._ns_of: NodeIndex | None = None  # the node index it mirrors
         self._ns_dirty: set[int] = set()  # ids written since it was last brought up to date
+        #: nodes the last retrieval scored over candidates (``None``: it scored every node)
+        self.last_candidates: int | None = None
         self._durable: Any = None  # a shared_core.stores.Store when a store is attached
         if store is not None:
             self.attach_store(store)
@@ -635,6 +637,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
                 return []
             self._max_tokens = None if max_tokens is None else int(max_tokens)
             self._allowed = None if flt is None else self._allowed_nodes(flt)
+            self.last_candidates = None
             try:
                 cands = self._shaped(self._retrieve(query, policy, int(k), **params), int(k))
                 return self._to_hits(cands, int(k), max_tokens)

@@ -174,6 +174,10 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
         policy: default policy of the memory without an LLM: ``"top_down"`` (default), ``"greedy"`` or
             ``"collapsed"``.
         llm_policy: default policy when the memory has an LLM, default ``"agent"``.
+        exact_search_max: the most indexed nodes ``top_down`` scores exhaustively, default 8192; past it
+            (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) it scores candidates, their
+            ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
+            "Retrieval past a size"). ``None``: every node at any size (and saves made before the option).
 
     Raises:
         InvalidInputError: a parameter out of range.
@@ -205,6 +209,7 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
         "fill": False,
         "policy": "greedy",
         "llm_policy": "agent",
+        "exact_search_max": None,
     }
 
     def __init__(
@@ -232,6 +237,7 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
         fill: bool = True,
         policy: str = "top_down",
         llm_policy: str = "agent",
+        exact_search_max: int | None = 8192,
     ) -> None:
         if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 2:
             raise InvalidInputError(f"M (memory length) must be an integer >= 2, got {M!r}.")
@@ -253,6 +259,7 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
         self.fill = _check_bool(fill, "fill")
         self.policy = check_choice(policy, LLM_FREE, "policy")
         self.llm_policy = check_choice(llm_policy, self.policies, "llm_policy")
+        self.exact_search_max = self._check_search_max(exact_search_max)
         self._cache: OrderedDict[str, str] = OrderedDict()
         self._dirty: set[int] = set()
         self._counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
@@ -313,6 +320,7 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
             "fill": self.fill,
             "policy": self.policy,
             "llm_policy": self.llm_policy,
+            "exact_search_max": self.exact_search_max,
         }
 
     def _get_state(self) -> dict[str, Any]:

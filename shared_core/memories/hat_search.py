@@ -242,6 +242,27 @@ class HATSearch:
         if policy == "collapsed" and relevance == "dense" and admissible == "all":
             cands = self._collapsed(query_vector(), k)  # the first version's cosine over every node
         elif policy in ("top_down", "collapsed"):  # every distinct text is a candidate: no fill needed
+            if policy == "top_down" and relevance != "bm25":
+                sc = self._top_down_parents(
+                    query,
+                    relevance,
+                    hybrid_weight,
+                    alpha,
+                    horizon,
+                    k,
+                    query_vector(),
+                    leaves_only=admissible == "leaves",
+                )
+                if sc is not None:
+                    keep = sc.ranked & sc.leaf if admissible == "leaves" else sc.ranked
+                    found = self._exact_prefix(
+                        self._ranked(sc.ids, sc.scores, k, {"policy": policy}, keep), k, sc.floor
+                    )
+                    if found is not None:
+                        self.last_candidates = len(sc.ids)
+                        for nid, _, m in found:
+                            m["path"] = self._path(nid)
+                        return found
             ids, r = scores()
             return self._ranking(ids, r, policy, k, admissible, alpha, horizon, {"policy": policy})
         elif policy == "greedy":

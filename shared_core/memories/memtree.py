@@ -28,6 +28,7 @@ import numpy as np
 from ..models.base import LLM, Embedder, Summarizer
 from ..search.index import inner_products
 from ..search.ranking import best_first
+from ..search.relevance import check_weight
 from ..tree.propagation import check_alpha, check_horizon
 from ..types import InvalidInputError, Message, ModelError, Usage, check_branching, check_finite
 from .base import ADMISSIBLE, HierarchicalMemory, TokenBudget, check_choice
@@ -166,6 +167,10 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
             similar child, an int >= 2, default 256; ``None`` = no bound (the paper's rule).
         reembed_cosine: a rewritten summary is embedded when the cosine of its composed vector with its
             anchor's falls below this, a float in ``(0, 1]``, default 0.95; ``None`` = always (the paper's).
+        exact_search_max: the most indexed nodes ``top_down`` scores exhaustively, default 8192; past it
+            (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) it scores candidates, their
+            ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
+            "Retrieval past a size"). ``None``: every node at any size (and saves made before the option).
 
     Policies: ``top_down`` (default), ``collapsed``, ``traversal``.
 
@@ -193,6 +198,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         "policy": "collapsed",
         "branching": None,
         "reembed_cosine": None,
+        "exact_search_max": None,
     }
 
     def __init__(
@@ -220,10 +226,12 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         policy: str = "top_down",
         branching: int | None = 256,
         reembed_cosine: float | None = 0.95,
+        exact_search_max: int | None = 8192,
     ) -> None:
         self.default_policy = check_choice(policy, self.policies, "policy")  # type: ignore[misc]
         self.branching = check_branching(branching, "no bound: the paper's rule")
         self.reembed_cosine = check_reembed_cosine(reembed_cosine)
+        self.exact_search_max = self._check_search_max(exact_search_max)
         self.alpha = check_alpha(alpha)
         self.horizon = check_horizon(horizon)
         self.admissible = check_choice(admissible, ADMISSIBLE, "admissible")
@@ -321,6 +329,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
             "policy": self.default_policy,
             "branching": self.branching,
             "reembed_cosine": self.reembed_cosine,
+            "exact_search_max": self.exact_search_max,
         }
 
     def _get_state(self) -> dict[str, Any]:
@@ -611,6 +620,10 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
             chosen = self._select(ids, scores, k, threshold, max_context)
         elif policy == "collapsed" and relevance == "dense" and admissible == "all":
             chosen = self._collapsed(qvec, k, threshold, max_context)
+        elif (
+            found := self._select_over_candidates(query, policy, k, params, alpha, horizon, admissible, qvec)
+        ) is not None:
+            chosen = found
         else:
             ids, r = self.relevance(query, relevance, params.get("hybrid_weight"), qvec=qvec)
             if policy == "top_down":
@@ -622,6 +635,43 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
                 keep &= r >= threshold
             chosen = self._select(ids[keep], scores[keep], k, -np.inf, max_context)
         return [(nid, score, {"policy": policy, "path": self._path(nid)}) for nid, score in chosen]
+
+    def _select_over_candidates(
+        self,
+        query: str,
+        policy: str,
+        k: int,
+        params: dict[str, Any],
+        alpha: float,
+        horizon: int,
+        admissible: str,
+        qvec: np.ndarray,
+    ) -> list[tuple[int, float]] | None:
+        """``top_down`` over candidates past :attr:`exact_search_max` nodes
+        (:meth:`~shared_core.search.ranking.Ranking._top_down_parents`), or ``None`` (every node)."""
+        if policy != "top_down":
+            return None
+        relevance = self.relevance_kind if params.get("relevance") is None else params["relevance"]
+        w = (
+            self.hybrid_weight
+            if params.get("hybrid_weight") is None
+            else check_weight(params["hybrid_weight"])
+        )
+        leaves = admissible == "leaves"
+        sc = self._top_down_parents(query, relevance, w, alpha, horizon, k, qvec, leaves_only=leaves)
+        if sc is None:
+            return None
+        keep = sc.ranked & sc.leaf if leaves else sc.ranked
+        max_context = (
+            self.max_context
+            if params.get("max_context") is None
+            else _positive_int(params["max_context"], "max_context (characters)")
+        )
+        chosen = self._select(sc.ids[keep], sc.scores[keep], k, -np.inf, max_context)
+        if len(chosen) < k or not chosen[-1][1] > sc.floor:
+            return None
+        self.last_candidates = len(sc.ids)
+        return chosen
 
     def _collapsed(
         self, qvec: np.ndarray, k: int, threshold: float, max_context: int

@@ -17,6 +17,7 @@ from ..models.parsing import complete_parsed, parse_label
 from ..prompts import fence
 from ..prompts import segtree as P
 from ..search.index import inner_products
+from ..search.relevance import check_weight
 from ..search.selection import check_cap
 from ..tree.nodes import ChildTexts
 from ..tree.propagation import propagate_levelled
@@ -29,7 +30,7 @@ from ..types import (
     check_branching,
     check_finite,
 )
-from .base import ADMISSIBLE, HierarchicalMemory, check_choice
+from .base import ADMISSIBLE, RELEVANCE_KINDS, HierarchicalMemory, check_choice
 from .registry import register_memory
 
 __all__ = ["SegTreeMem"]
@@ -122,6 +123,13 @@ class SegTreeMem(HierarchicalMemory):
         neighbours: neighbourhood expansion, an int >= 0, default 0 (off): each leaf hit is followed by
             up to this many of its sibling leaves, nearest in turn order first, within the same ``k``
             and ``max_tokens``. Not in the paper.
+        exact_search_max: the most indexed nodes ``top_down`` scores exhaustively, default 8192; past it
+            (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) it scores the ``32 (3k + 8)``
+            nearest nodes from an IVF index over every node and as many best by BM25, their ``H``
+            ancestors and the descendants that could rank among the best (a documented departure:
+            docs/performance.md, "Retrieval past a size"). The hits are the exhaustive ones whenever the
+            index finds the nearest nodes; their scores are normalised over the scored nodes. ``None``:
+            every node at any size (and saves made before the option).
 
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
@@ -145,7 +153,11 @@ class SegTreeMem(HierarchicalMemory):
     #: saves made before ``branching`` existed put every dissimilar utterance under a new root, and those
     #: made before ``max_children`` existed bound no segment
     default_annotation_vectors: ClassVar[str] = "embedded"
-    legacy_config: ClassVar[dict[str, Any]] = {"branching": None, "max_children": None}
+    legacy_config: ClassVar[dict[str, Any]] = {
+        "branching": None,
+        "max_children": None,
+        "exact_search_max": None,
+    }
 
     def __init__(
         self,
@@ -171,6 +183,7 @@ class SegTreeMem(HierarchicalMemory):
         segment_cap: int | None = None,
         segment_depth: int = 1,
         neighbours: int = 0,
+        exact_search_max: int | None = 8192,
     ) -> None:
         if compat not in COMPAT_MODELS:
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
@@ -195,6 +208,7 @@ class SegTreeMem(HierarchicalMemory):
                 f"top_down_weights must be one of {TOP_DOWN_WEIGHTS}, got {top_down_weights!r}."
             )
         self.top_down_weights = top_down_weights
+        self.exact_search_max = self._check_search_max(exact_search_max)
         self.annotation_words = int(annotation_words)
         self.segment_cap = check_cap(segment_cap, "segment_cap")
         self.segment_depth = check_cap(segment_depth, "segment_depth", optional=False)  # type: ignore[assignment]
@@ -250,6 +264,7 @@ class SegTreeMem(HierarchicalMemory):
             "segment_cap": self.segment_cap,
             "segment_depth": self.segment_depth,
             "neighbours": self.neighbours,
+            "exact_search_max": self.exact_search_max,
         }
 
     def _get_state(self) -> dict[str, Any]:
@@ -577,6 +592,7 @@ class SegTreeMem(HierarchicalMemory):
         relevance: str | None,
         hybrid_weight: float | None,
         copies: bool = True,
+        qvec: list[np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(ids, scores, best, leaf)``: :meth:`scores`, the best score among each node and its copies
         (``scores`` itself when ``copies`` is false), and the leaf mask, all over the stored nodes."""
@@ -590,7 +606,7 @@ class SegTreeMem(HierarchicalMemory):
             else (self.horizon if horizon is None else self._check_horizon(horizon))
         )
         with self._lock:
-            ids, r = self.relevance(query, relevance, hybrid_weight)
+            ids, r = self.relevance(query, relevance, hybrid_weight, qvec=qvec[0] if qvec else None)
             if len(ids) == 0:
                 empty = np.zeros(0)
                 return ids, empty, empty, np.zeros(0, dtype=bool)
@@ -622,8 +638,14 @@ class SegTreeMem(HierarchicalMemory):
         admissible = (
             self.admissible if admissible is None else check_choice(admissible, ADMISSIBLE, "admissible")
         )
+        qvec: list[np.ndarray] = []  # the query vector, once embedded
+        found = self._over_candidates(
+            query, policy, k, alpha, horizon, relevance, hybrid_weight, admissible, qvec
+        )
+        if found is not None:
+            return found
         ids, s, best, leaf = self._propagated(
-            query, policy, alpha, horizon, relevance, hybrid_weight, copies=admissible == "all"
+            query, policy, alpha, horizon, relevance, hybrid_weight, copies=admissible == "all", qvec=qvec
         )
         if len(ids) == 0:
             return []
@@ -631,6 +653,60 @@ class SegTreeMem(HierarchicalMemory):
             return self._ranked(ids, s, k, {"policy": policy}, leaf)
         # a node's copies share its text: it ranks with the best score among them
         return self._ranked(ids, best, k, {"policy": policy})
+
+    def _over_candidates(
+        self,
+        query: str,
+        policy: str,
+        k: int,
+        alpha: float | None,
+        horizon: int | None,
+        relevance: str | None,
+        hybrid_weight: float | None,
+        admissible: str,
+        qvec: list[np.ndarray],
+    ) -> list[tuple[int, float, dict[str, Any]]] | None:
+        """``top_down`` over candidates past :attr:`exact_search_max` nodes
+        (:meth:`~shared_core.search.ranking.Ranking._top_down_over_candidates`), or ``None``: the
+        exhaustive path (another policy, ``top_down_weights="share"``, ``bm25``, a small memory, or a
+        walk the candidates cannot finish; the query vector it embedded is left in ``qvec``)."""
+        if policy != "top_down" or self.top_down_weights != "inherit" or self._search_max() is None:
+            return None
+        kind = (
+            self.relevance_kind
+            if relevance is None
+            else check_choice(relevance, RELEVANCE_KINDS, "relevance")
+        )
+        if kind == "bm25" or self._index is None:
+            return None
+        a = self.alpha if alpha is None else self._check_alpha(alpha)
+        h = self.horizon if horizon is None else self._check_horizon(horizon)
+        w = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
+        copies = admissible == "all"
+
+        def propagate(
+            parent: np.ndarray, gap: np.ndarray, r: np.ndarray
+        ) -> tuple[np.ndarray, np.ndarray, float]:
+            total = float((np.asarray(r, dtype=np.float64) * (1.0 + gap)).sum())
+            s, best = propagate_levelled(
+                parent, gap, r, "top_down", a, h, normalize=False, with_copies=copies
+            )
+            return s, best, total
+
+        with self._lock:
+            qvec.append(self._embed_query(query))
+            sc = self._top_down_over_candidates(
+                query, kind, w, a, h, k, qvec[0], propagate, leaves_only=not copies, use_best=copies
+            )
+            if sc is None:
+                return None
+            meta = {"policy": policy}
+            adm = sc.ranked & sc.leaf if not copies else sc.ranked
+            out = self._ranked(sc.ids, sc.best if copies else sc.scores, k, meta, adm)
+            exact = self._exact_prefix(out, k, sc.floor)
+            if exact is not None:
+                self.last_candidates = len(sc.ids)
+            return exact
 
     def _depth(self, nid: int) -> int:
         """Depth in the levelled tree (single-child copies counted): root level minus the node's level."""

@@ -14,20 +14,27 @@ exact ties by node id, ascending. Only which nodes the approximate first stage
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..models.base import validate_embeddings
-from ..types import Hit, UnknownPolicyError, count_tokens
+from ..types import Hit, count_tokens
 from .ann import NeighbourSearch
+from .candidates import (
+    CANDIDATES_PER_HIT,
+    NODES_PER_CANDIDATE,
+    Candidates,
+    CandidateScores,
+    CandidateSearch,
+)
 from .filters import MessageFilter
 from .index import normalize_rows
 from .relevance import check_weight, fuse
 from .selection import capped, with_neighbours
+from .walk import ADMISSIBLE, RELEVANCE_KINDS, TokenBudget, best_first, check_choice
 
 if TYPE_CHECKING:
     from ..models.base import Embedder
@@ -38,7 +45,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMISSIBLE",
+    "CANDIDATES_PER_HIT",
+    "CandidateScores",
     "Candidates",
+    "NODES_PER_CANDIDATE",
     "RELEVANCE_KINDS",
     "Ranking",
     "TokenBudget",
@@ -47,116 +57,8 @@ __all__ = [
     "count_tokens",
 ]
 
-#: lists of the IVF index over every node visited per query (:meth:`Ranking._node_search`)
-NODE_SEARCH_NPROBE = 32
 
-#: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
-RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
-#: admissible sets of a ranking: every node with text, or message leaves only
-ADMISSIBLE = ("all", "leaves")
-
-
-def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
-    """Return ``value`` when it is one of ``choices``.
-
-    Raises:
-        UnknownPolicyError: naming the accepted values.
-    """
-    if not isinstance(value, str) or value not in choices:
-        raise UnknownPolicyError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
-    return value
-
-
-def best_first(ids: np.ndarray, scores: np.ndarray, pos: np.ndarray | None = None) -> Iterator[int]:
-    """Positions in best-first order — score descending, ties by node id ascending — produced lazily.
-
-    Equal to ``pos[np.lexsort((ids[pos], -scores[pos]))]`` walked from the front, but a walk that stops
-    after a few candidates sorts only a prefix: the best ``m`` (every position scoring at least the
-    ``m``-th best score, so ties are whole) are selected with ``argpartition`` and sorted, and ``m`` grows
-    eightfold only when the walk goes on past them. A top-k walk over ``n`` nodes costs O(n), not
-    O(n log n).
-
-    Args:
-        ids: node ids ``int64 (n,)``. scores: ``float (n,)``.
-        pos: positions to walk (default all), e.g. the admissible ones.
-
-    Yields:
-        Positions into ``ids`` / ``scores``.
-    """
-    pos = np.arange(len(ids)) if pos is None else np.asarray(pos, dtype=np.int64)
-    m = 64
-    while len(pos):
-        if len(pos) <= m:
-            yield from pos[np.lexsort((ids[pos], -scores[pos]))].tolist()
-            return
-        neg = -scores[pos]
-        cut = np.partition(neg, m - 1)[m - 1]
-        head = neg <= cut
-        part = pos[head]
-        yield from part[np.lexsort((ids[part], -scores[part]))].tolist()
-        pos = pos[~head]
-        m *= 8
-
-
-class TokenBudget:
-    """A greedy budget of returned text: a text is taken when it fits in what is left.
-
-    The rule of ``retrieve(max_tokens=...)``: candidates are walked best first and one that would exceed
-    the budget is skipped (the walk goes on, a shorter one may still fit). Policies that pick their own
-    candidates walk with the same rule, so a budget never leaves a retrieval short of candidates.
-
-    Args:
-        max_tokens: the budget in tokens (:func:`count_tokens`), or ``None`` for no budget.
-    """
-
-    def __init__(self, max_tokens: int | None) -> None:
-        self.max_tokens = max_tokens
-        self.used = 0
-
-    def take(self, text: str) -> bool:
-        """Whether ``text`` fits in what is left; when it does, it is counted as used."""
-        if self.max_tokens is None:
-            return True
-        t = count_tokens(text)
-        if self.used + t > self.max_tokens:
-            return False
-        self.used += t
-        return True
-
-    @property
-    def spent(self) -> bool:
-        """Whether nothing more can fit (only under a budget)."""
-        return self.max_tokens is not None and self.used >= self.max_tokens
-
-
-@dataclasses.dataclass
-class Candidates:
-    """The first stage of one query's relevance over candidates (:meth:`Ranking._relevance_candidates`).
-
-    ``ids`` are the approximate ``m`` nearest nodes by cosine (from the IVF index over every indexed
-    node) and, for ``hybrid``, the ``m`` best by BM25 (with every node tied with the ``m``-th). BM25
-    itself is exact and sparse: ``bm_ids`` are every node with a score above 0, ``maxb`` their
-    largest score.
-    """
-
-    ids: np.ndarray  # int64 (c,), distinct
-    qvec: np.ndarray  # float32 (d,), normalised
-    kind: str  # "dense" or "hybrid"
-    weight: float
-    bm_ids: np.ndarray  # int64, ascending
-    bm: np.ndarray  # float32, their BM25 scores
-    maxb: float
-
-    def bm25(self, nids: np.ndarray) -> np.ndarray:
-        """BM25 scores of node ids (0 for a node without a query term), float32."""
-        nids = np.asarray(nids, dtype=np.int64)
-        if not len(self.bm_ids):
-            return np.zeros(len(nids), np.float32)
-        j = np.minimum(np.searchsorted(self.bm_ids, nids), len(self.bm_ids) - 1)
-        return np.where(self.bm_ids[j] == nids, self.bm[j], 0.0).astype(np.float32)
-
-
-class Ranking:
+class Ranking(CandidateSearch):
     """Mixin: the shared ranking of :class:`~shared_core.memories.base.HierarchicalMemory` (see the
     module)."""
 
@@ -187,6 +89,10 @@ class Ranking:
     segment_depth: int = 1
     #: sibling leaves placed after each leaf hit (its segment neighbours, nearest in turn order first)
     neighbours: int = 0
+    #: the most indexed nodes a ``top_down`` retrieval scores exhaustively; past it (and past
+    #: ``NODES_PER_CANDIDATE x CANDIDATES_PER_HIT (3k + 8)`` nodes) it scores candidates
+    #: (:meth:`_top_down_over_candidates`); ``None``: every node at any size
+    exact_search_max: int | None = None
 
     if TYPE_CHECKING:
 
@@ -267,92 +173,6 @@ class Ranking:
             return ids, bm
         assert dense is not None
         return ids, fuse(dense, bm, hybrid_weight)
-
-    # ------------------------------------------------------------------ approximate first stage
-    def _search_max(self) -> int | None:
-        """The most indexed nodes a retrieval scores exhaustively; past it, policies that can use
-        :meth:`_relevance_candidates` do. Default ``None``: always exhaustive (subclasses override)."""
-        return None
-
-    def _node_search(self) -> NeighbourSearch | None:
-        """The IVF index over every indexed node, brought up to date, or ``None`` while the index holds
-        at most :meth:`_search_max` nodes (or the memory searches exhaustively).
-
-        Kept from the vectors committed since the last call (:meth:`_vectors_written`); trained again
-        as :class:`~shared_core.search.ann.NeighbourSearch` decides; started afresh when the node index object
-        changes (a load, a reset)."""
-        idx = self._index
-        limit = self._search_max()
-        if idx is None or limit is None:
-            self._ns = None
-            return None
-        ns = self._ns
-        if ns is None or self._ns_of is not idx or ns.exact_max != limit:
-            ns = self._ns = NeighbourSearch(limit, nprobe=NODE_SEARCH_NPROBE, codes="sq8", lists_per_sqrt=1.0)
-            self._ns_of, self._ns_dirty = idx, set()
-        dirty = sorted(self._ns_dirty)
-        used = ns.sync(
-            len(idx),
-            lambda: (idx.ids, idx.matrix()),
-            gone=[i for i in dirty if i not in idx],
-            live=[i for i in dirty if i in idx],
-            vectors=idx.get,
-        )
-        self._ns_dirty = set()
-        return ns if used else None
-
-    def _relevance_candidates(
-        self, query: str, kind: str, weight: float, m: int, qvec: np.ndarray
-    ) -> Candidates | None:
-        """The first stage of a retrieval that scores candidates instead of every node.
-
-        Args:
-            query: the query text. kind: ``"dense"`` or ``"hybrid"`` (``"bm25"`` is exact and sparse
-                already: ``None``). weight: ``w`` of ``hybrid``. m: candidates from each of the two lists.
-            qvec: the normalised query vector, float32 ``(d,)``.
-
-        Returns:
-            :class:`Candidates`, or ``None`` when there is no node search (:meth:`_node_search`) or the
-            kind is ``"bm25"``.
-        """
-        if kind == "bm25":
-            return None
-        ns = self._node_search()
-        if ns is None:
-            return None
-        found = ns.search(qvec, m)[0]
-        found = found[found >= 0]
-        bm_ids, bm = np.zeros(0, np.int64), np.zeros(0, np.float32)
-        if kind == "hybrid":
-            bm_ids, bm = self._lexical_index().nonzero(query)
-        maxb = float(bm.max()) if len(bm) else 0.0
-        top = bm_ids if len(bm) <= m else bm_ids[bm >= np.partition(bm, len(bm) - m)[len(bm) - m]]
-        return Candidates(np.union1d(found, top), qvec, kind, weight, bm_ids, bm, maxb)
-
-    def _relevance_on(self, c: Candidates, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Relevance of the nodes ``ids`` (the candidates among them) for the query of ``c``.
-
-        Cosines by :meth:`~shared_core.search.index.NodeIndex.scores_at` (bitwise the values of the exhaustive
-        scan, :meth:`~shared_core.search.index.NodeIndex.scores_all`, on every CPU). ``hybrid`` divides the
-        dense part by its maximum over ``ids`` (the nearest
-        node is among them as far as the index finds it) and BM25 by its exact maximum over every
-        node: the values :meth:`relevance` gives these nodes when the index finds the nearest.
-
-        Returns:
-            ``(ids int64 (the indexed ones) in index row order, r float32)``.
-        """
-        assert self._index is not None
-        ids = np.asarray(ids, dtype=np.int64)
-        rows = self._index.rows(ids.tolist())
-        order = np.argsort(rows, kind="stable")
-        order = order[rows[order] >= 0]
-        ids, rows = ids[order], rows[order]
-        cos = self._index.scores_at(rows, c.qvec)
-        dense = np.maximum(cos, 0.0).astype(np.float32)
-        if c.kind == "dense":
-            return ids, dense
-        maxd = float(dense.max()) if len(dense) else 0.0
-        return ids, fuse(dense, c.bm25(ids), c.weight, maxima=(maxd, c.maxb))
 
     def _propagated_scores(
         self,

@@ -458,9 +458,6 @@ class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
                 md["title"] = node.data["title"]
         return dataclasses.replace(h, source_ids=src, metadata=md)
 
-    def _search_max(self) -> int | None:
-        return self.exact_search_max
-
     def _drawn_leaves(self, nid: int) -> list[int]:
         """A semantic's text draws on the messages it was distilled from (a filter checks them too)."""
         return self._fact_messages(nid) if self._store.nodes[nid].level == SEMANTIC else []

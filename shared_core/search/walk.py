@@ -1,0 +1,95 @@
+"""Best-first walks over scored nodes and the token budget they are walked under.
+
+The primitives every ranking of the memories shares (:class:`~shared_core.search.ranking.Ranking`, the
+candidate path of :mod:`~shared_core.search.candidates`, MemTree's selection): the choices of relevance
+and admissible set, the best-first order with ties by node id, and the greedy ``max_tokens`` budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..types import UnknownPolicyError, count_tokens
+
+__all__ = ["ADMISSIBLE", "RELEVANCE_KINDS", "TokenBudget", "best_first", "check_choice"]
+
+#: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
+RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
+#: admissible sets of a ranking: every node with text, or message leaves only
+ADMISSIBLE = ("all", "leaves")
+
+
+def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
+    """Return ``value`` when it is one of ``choices``.
+
+    Raises:
+        UnknownPolicyError: naming the accepted values.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise UnknownPolicyError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
+    return value
+
+
+def best_first(ids: np.ndarray, scores: np.ndarray, pos: np.ndarray | None = None) -> Iterator[int]:
+    """Positions in best-first order — score descending, ties by node id ascending — produced lazily.
+
+    Equal to ``pos[np.lexsort((ids[pos], -scores[pos]))]`` walked from the front, but a walk that stops
+    after a few candidates sorts only a prefix: the best ``m`` (every position scoring at least the
+    ``m``-th best score, so ties are whole) are selected with ``argpartition`` and sorted, and ``m`` grows
+    eightfold only when the walk goes on past them. A top-k walk over ``n`` nodes costs O(n), not
+    O(n log n).
+
+    Args:
+        ids: node ids ``int64 (n,)``. scores: ``float (n,)``.
+        pos: positions to walk (default all), e.g. the admissible ones.
+
+    Yields:
+        Positions into ``ids`` / ``scores``.
+    """
+    pos = np.arange(len(ids)) if pos is None else np.asarray(pos, dtype=np.int64)
+    m = 64
+    while len(pos):
+        if len(pos) <= m:
+            yield from pos[np.lexsort((ids[pos], -scores[pos]))].tolist()
+            return
+        neg = -scores[pos]
+        cut = np.partition(neg, m - 1)[m - 1]
+        head = neg <= cut
+        part = pos[head]
+        yield from part[np.lexsort((ids[part], -scores[part]))].tolist()
+        pos = pos[~head]
+        m *= 8
+
+
+class TokenBudget:
+    """A greedy budget of returned text: a text is taken when it fits in what is left.
+
+    The rule of ``retrieve(max_tokens=...)``: candidates are walked best first and one that would exceed
+    the budget is skipped (the walk goes on, a shorter one may still fit). Policies that pick their own
+    candidates walk with the same rule, so a budget never leaves a retrieval short of candidates.
+
+    Args:
+        max_tokens: the budget in tokens (:func:`count_tokens`), or ``None`` for no budget.
+    """
+
+    def __init__(self, max_tokens: int | None) -> None:
+        self.max_tokens = max_tokens
+        self.used = 0
+
+    def take(self, text: str) -> bool:
+        """Whether ``text`` fits in what is left; when it does, it is counted as used."""
+        if self.max_tokens is None:
+            return True
+        t = count_tokens(text)
+        if self.used + t > self.max_tokens:
+            return False
+        self.used += t
+        return True
+
+    @property
+    def spent(self) -> bool:
+        """Whether nothing more can fit (only under a budget)."""
+        return self.max_tokens is not None and self.used >= self.max_tokens
