@@ -18,11 +18,25 @@ from tqdm.auto import tqdm
 
 from ..types import InvalidInputError
 from .data import Conversation
-from .metrics import answer_token_recall, count_tokens, evidence_recall, mean_by, span_recall
+from .metrics import (
+    answer_token_recall,
+    contained_recall,
+    count_tokens,
+    evidence_recall,
+    mean_by,
+    message_sentences,
+)
 
 __all__ = ["METRICS", "EvalResult", "MethodResult", "QueryResult", "evaluate_online"]
 
-METRICS = ("evidence_recall", "span_recall", "answer_token_recall", "returned_tokens", "latency")
+METRICS = (
+    "evidence_recall",
+    "span_recall",
+    "subtree_recall",
+    "answer_token_recall",
+    "returned_tokens",
+    "latency",
+)
 """Per-query figures averaged in :attr:`MethodResult.overall` and :attr:`MethodResult.by_category`."""
 
 
@@ -35,8 +49,13 @@ class QueryResult:
         query_id: the query id.
         category: the query's category (or None).
         position: messages ingested before the query.
-        evidence_recall: share of evidence ids among the hits' ``source_ids`` (NaN without evidence).
-        span_recall: share of evidence ids with a message inside some hit's span (NaN without evidence).
+        evidence_recall: share of evidence ids among the leaf hits' ``source_ids`` (a summary counts for
+            nothing here; NaN without evidence).
+        span_recall: share of evidence ids whose message a hit's text shows: a leaf its own message, a
+            summary the messages it quotes a sentence of, verbatim
+            (:func:`~shared_core.eval.metrics.contained_recall`; NaN without evidence).
+        subtree_recall: share of evidence ids among every hit's ``source_ids`` (a summary credited with
+            every message below it, whether or not its text shows them; NaN without evidence).
         answer_token_recall: share of the answer's content words in the joined hit texts.
         returned_tokens: tokens of the returned texts (:func:`~shared_core.eval.metrics.count_tokens`).
         latency: seconds spent in ``retrieve``.
@@ -50,6 +69,7 @@ class QueryResult:
     position: int
     evidence_recall: float
     span_recall: float
+    subtree_recall: float
     answer_token_recall: float
     returned_tokens: int
     latency: float
@@ -145,19 +165,11 @@ class EvalResult:
         }
 
 
-def _positions(conv: Conversation) -> dict[str, list[int]]:
-    pos: dict[str, list[int]] = {}
-    for i, m in enumerate(conv.messages):
-        if m.id is not None:
-            pos.setdefault(m.id, []).append(i)
-    return pos
-
-
 def _run(
     name: str, factory: Callable[[], Any], conv: Conversation, k: int, res: MethodResult, bar: Any
 ) -> None:
     obj = factory()
-    positions = _positions(conv)
+    sentences = message_sentences(conv.messages)
     done = 0
     for q in sorted(conv.queries, key=lambda q: q.position):
         if q.position > len(conv.messages) or q.position < 0:
@@ -174,6 +186,8 @@ def _run(
         hits = list(obj.retrieve(q.question, k=k))
         latency = time.perf_counter() - t0
         ids = [s for h in hits for s in h.source_ids]
+        leaf_ids = [s for h in hits if h.is_leaf for s in h.source_ids]
+        shown = [(h.text, bool(h.is_leaf), h.source_ids) for h in hits]
         texts = [h.text for h in hits]
         has_ev = bool(q.evidence)
         res.queries.append(
@@ -182,10 +196,9 @@ def _run(
                 query_id=q.id,
                 category=q.category,
                 position=q.position,
-                evidence_recall=evidence_recall(ids, q.evidence) if has_ev else math.nan,
-                span_recall=span_recall([h.span for h in hits], q.evidence, positions)
-                if has_ev
-                else math.nan,
+                evidence_recall=evidence_recall(leaf_ids, q.evidence) if has_ev else math.nan,
+                span_recall=contained_recall(shown, q.evidence, sentences) if has_ev else math.nan,
+                subtree_recall=evidence_recall(ids, q.evidence) if has_ev else math.nan,
                 answer_token_recall=answer_token_recall(q.answer, texts),
                 returned_tokens=count_tokens(texts),
                 latency=latency,
@@ -209,9 +222,10 @@ def evaluate_online(
     ``add(list[Message])`` and ``retrieve(question, k=k) -> list[Hit]`` (the memories and the flat
     baselines do; bind extra retrieval options with ``functools.partial`` or a small wrapper). Messages
     are added in order, one ``add`` call per stretch between consecutive query positions, so each query
-    sees exactly the messages before it. Per query: evidence recall@k over the hits' ``source_ids``,
-    span recall, answer-token recall over the joined hit texts, returned tokens and ``retrieve``
-    latency (seconds). Results over several conversations are pooled per query.
+    sees exactly the messages before it. Per query: evidence recall@k over the leaf hits'
+    ``source_ids``, span recall (what the hits' texts show) and subtree recall (every message below a
+    hit), as ``hiermem eval`` computes them, answer-token recall over the joined hit texts, returned
+    tokens and ``retrieve`` latency (seconds). Results over several conversations are pooled per query.
 
     Args:
         conversation: a :class:`Conversation` or a sequence of them.

@@ -399,6 +399,7 @@ def test_online_batches_and_exact_scores():
     assert rows["q1"].answer_token_recall == 1.0  # "beach" in "Ann: Luna loves the beach"
     assert rows["q1"].returned_tokens == 6  # Ann : Luna loves the beach
     assert rows["q2"].evidence_recall == 0.5 and rows["q2"].span_recall == 0.5
+    assert rows["q2"].subtree_recall == 0.5  # leaf hits: every figure the same
     assert rows["q3"].retrieved_source_ids == ["m0"]  # no known token: first turn by insertion order
     assert rows["q3"].evidence_recall == 0.0 and rows["q3"].position == 4
     overall = res.methods["rec"].overall
