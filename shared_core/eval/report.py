@@ -35,6 +35,7 @@ _SHARES = ("margin_over_best_flat", "tree_share", "corpus_share")
 _LABELS = {
     "evidence_recall": "evidence recall@{k}",
     "span_recall": "span recall@{k}",
+    "subtree_recall": "subtree recall@{k}",
     "answer_token_recall": "answer-token recall",
     "llm_accuracy": "LLM-judge accuracy",
     "rouge_l_recall": "ROUGE-L recall",
@@ -203,6 +204,7 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
             "method",
             f"evidence recall@{k}",
             f"span recall@{k}",
+            f"subtree recall@{k}",
             "answer-token recall",
             "returned tokens",
             "latency ms (median)",
@@ -232,6 +234,7 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
                 name,
                 cell("evidence_recall"),
                 cell("span_recall"),
+                _fmt(o.get("subtree_recall")),
                 cell("answer_token_recall"),
                 _fmt(o.get("returned_tokens"), 0),
                 _fmt(o.get("latency_ms_median"), 2),
@@ -299,9 +302,9 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
         lines.append("")
     lines.append(
         "Evidence recall counts leaf hits only; span recall counts the messages a hit's text shows (a "
-        "summary: those whose sentences it quotes); subtree recall (in results.json) counts every leaf "
-        "under any hit. Latency excludes the query embedding when the embedding cache is on (shared by "
-        "every method)."
+        "summary: those whose sentences it quotes); subtree recall counts every leaf under any hit, "
+        "whether or not its text shows it (reported, not compared). Latency excludes the query "
+        "embedding when the embedding cache is on (shared by every method)."
     )
     return "\n".join(lines) + "\n"
 

@@ -253,7 +253,7 @@ def test_compare_methods_by_hand():
     }
     doc["comparison"] = R.compare_methods(doc["methods"], {"segtree": facts["segtree"]})
     md = markdown_table(doc)
-    assert "| bm25 | **0.650** | **0.750** | **0.450** |" in md
+    assert "| bm25 | **0.650** | **0.750** | — | **0.450** |" in md  # subtree recall: reported, never bold
     assert "| bm25_unstemmed | 0.950 |" in md  # reported, never marked
     assert (
         "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.700 | bm25 0.650 | +0.050 | 0.800 | "
