@@ -49,6 +49,7 @@ __all__ = [
     "CandidateSearch",
     "Candidates",
     "Propagator",
+    "ancestor_mask",
     "ancestors",
     "descendants",
     "floor_of",
@@ -83,15 +84,22 @@ def ancestors(parent: np.ndarray, ids: np.ndarray, levels: int) -> np.ndarray:
         parent: ``int64`` parent id per node id (``-1``: none), e.g. ``NodeArrays.parent``.
         ids: ``int64`` node ids. levels: ``>= 0``.
     """
-    out = [np.asarray(ids, dtype=np.int64)]
-    cur = out[0]
-    for _ in range(levels):
+    return np.flatnonzero(ancestor_mask(parent, ids, levels))
+
+
+def ancestor_mask(parent: np.ndarray, ids: np.ndarray, levels: int) -> np.ndarray:
+    """:func:`ancestors` as a ``bool`` mask over the node ids (``len(parent)``)."""
+    mark = np.zeros(len(parent), dtype=bool)
+    cur = np.asarray(ids, dtype=np.int64)
+    mark[cur] = True
+    for _ in range(levels):  # level by level: a node is first reached at its smallest distance
         cur = parent[cur]
-        cur = np.unique(cur[cur >= 0])
+        cur = cur[cur >= 0]
+        cur = cur[~mark[cur]]
         if not len(cur):
             break
-        out.append(cur)
-    return np.unique(np.concatenate(out))
+        mark[cur] = True
+    return mark
 
 
 def descendants(children: Callable[[int], Sequence[int]], roots: dict[int, int]) -> np.ndarray:
@@ -130,13 +138,14 @@ def relevance_bound(
     return float(b) * (1.0 + SLACK) + 1e-12
 
 
-def floor_of(alpha: float, horizon: int, r_b: float, r_max: float, depth: int) -> float:
+def floor_of(alpha: float, horizon: int, r_b: float, r_max: Any, depth: int) -> Any:
     """``U(v, depth)`` of the module docstring: the most a node ``depth`` levels below a candidate whose
-    path holds relevance at most ``r_max`` can score, the nodes in between scoring at most ``r_b``."""
+    path holds relevance at most ``r_max`` (a float or an array) can score, the nodes in between scoring
+    at most ``r_b``."""
     powers = alpha ** np.arange(horizon + 1, dtype=np.float64)
     near = float(powers[:depth].sum())
     far = float(powers[depth:].sum())
-    return (r_b * near + max(r_max, r_b) * far) / float(powers.sum()) * (1.0 + SLACK)
+    return (r_b * near + np.maximum(r_max, r_b) * far) / float(powers.sum()) * (1.0 + SLACK)
 
 
 @dataclasses.dataclass
@@ -358,52 +367,61 @@ class CandidateSearch:
             return None
         self._arrays.sync(self._store)
         parent = self._arrays.parent
-        ranked = ancestors(parent, c.ids, horizon)
-        depth: dict[int, int] = {}
+        size = len(parent)
+        ranked = ancestor_mask(parent, c.ids, horizon)
+        is_cand = np.zeros(size, dtype=bool)
+        is_cand[c.ids] = True
+        is_near = np.zeros(size, dtype=bool)
+        is_near[c.nearest] = True
+        depth: np.ndarray | None = None  # per candidate, the depth down to which descendants are scored
+        depth_of: dict[int, int] = {}
         while True:
-            ids, dense = self._dense_on(c, ancestors(parent, ranked, horizon))
+            ids, dense = self._dense_on(
+                c, np.flatnonzero(ancestor_mask(parent, np.flatnonzero(ranked), horizon))
+            )
             maxd = float(dense.max()) if len(dense) else 0.0
             r = dense if kind == "dense" else fuse(dense, c.bm25(ids), weight, maxima=(maxd, c.maxb))
-            near = dense[np.isin(ids, c.nearest)]
+            near = dense[is_near[ids]]
             if not len(near):
                 return None
             r_b = relevance_bound(kind, weight, float(near.min()), maxd, c.bm_floor, c.maxb)
             parent_pos, leaf, gap = self._arrays.aligned(self._store, ids)
             s, best, scale = propagate(parent_pos, gap, r)
-            inr = np.isin(ids, ranked)
-            adm = inr & leaf if leaves_only else inr
-            key = best if use_best else s
             if scale <= 0:
                 return None
-            # r_max: the largest relevance of each candidate and its H ancestors
-            cand = np.flatnonzero(np.isin(ids, c.ids) & ~leaf)
+            inr = ranked[ids]
+            key = best if use_best else s
+            # r_max: the largest relevance of each candidate summary and its H ancestors
+            cand = np.flatnonzero(is_cand[ids] & ~leaf)
             rmax = np.asarray(r, dtype=np.float64)[cand]
             up = cand.copy()
             for _ in range(horizon):
                 up = np.where(up >= 0, parent_pos[np.maximum(up, 0)], -1)
                 rmax = np.maximum(rmax, np.where(up >= 0, r[np.maximum(up, 0)], 0.0))
-            if not depth:  # which candidates' descendants could rank: decided once, on the first scores
-                vals = key[adm]  # t: the need-th best admissible score (0 while fewer are scored)
+            bound = [floor_of(alpha, horizon, r_b, rmax, d) for d in range(1, horizon + 1)]
+            if depth is None:  # which candidates' descendants could rank: decided once, on the first scores
+                vals = key[inr & leaf if leaves_only else inr]  # t: the need-th best admissible score
                 t = (
                     float(np.partition(vals, len(vals) - need)[len(vals) - need]) * scale
                     if len(vals) >= need
                     else 0.0
                 )
-                for v, rm in zip(ids[cand].tolist(), rmax.tolist()):
-                    d = 0
-                    while d < horizon and floor_of(alpha, horizon, r_b, rm, d + 1) >= t:
-                        d += 1
-                    if d:
-                        depth[v] = d
-                if depth:
-                    ranked = np.union1d(ranked, descendants(lambda v: self._store.nodes[v].children, depth))
+                depth = np.zeros(len(cand), dtype=np.int64)
+                alive = np.ones(len(cand), dtype=bool)
+                for u in bound:  # U falls with the depth: the depths down to the last U >= t
+                    alive &= u >= t
+                    depth += alive
+                roots = {int(v): int(d) for v, d in zip(ids[cand].tolist(), depth.tolist()) if d}
+                if roots:
+                    ranked[descendants(lambda v: self._store.nodes[v].children, roots)] = True
+                    depth_of = roots
                     continue
-                depth[-1] = 0  # decided: nothing to add
+            d = np.asarray([depth_of.get(v, 0) for v in ids[cand].tolist()], dtype=np.int64)
             floor = r_b
-            for v, rm in zip(ids[cand].tolist(), rmax.tolist()):
-                d = depth.get(v, 0)
-                if d < horizon:
-                    floor = max(floor, floor_of(alpha, horizon, r_b, rm, d + 1))
+            for j, u in enumerate(bound):  # candidates scored down to depth j: U(v, j + 1) bounds the rest
+                at = d == j
+                if at.any():
+                    floor = max(floor, float(np.max(u[at])))
             return CandidateScores(ids, s, best, leaf, inr, floor / scale)
 
     def _top_down_parents(
