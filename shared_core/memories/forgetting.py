@@ -4,18 +4,22 @@ A mixin of :class:`~shared_core.memories.base.HierarchicalMemory`: after a commi
 summariser's
 sentence cache drops every sentence of the deleted messages that no live node still holds (one
 implementation for the four memories; xMemory extends it for its own caches), and the lexical index
-drops the removed and rewritten texts; after ``clear()`` the summariser is emptied. Nothing a deleted
+drops the removed and rewritten texts, and the IVF index over every node (when in use) re-encodes them;
+after ``clear()`` the summariser is emptied. Nothing a deleted
 message alone carried stays reachable in the process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..models.base import Summarizer
 from ..models.extractive import holds_words, split_sentences
 from ..tree.nodes import Node, NodeStore
+
+if TYPE_CHECKING:
+    from ..search.ann import NeighbourSearch
 
 __all__ = ["Forgetting"]
 
@@ -34,6 +38,11 @@ class Forgetting:
     _lexical: Any
     _lex_dirty: set[int]
     _lex_removed: set[int]
+    _ns: NeighbourSearch | None
+
+    if TYPE_CHECKING:
+
+        def _node_search(self) -> NeighbourSearch | None: ...
 
     def _forgotten_texts(self, changed: set[int], removed: set[int]) -> list[str]:
         """When the open transaction deletes messages (removes a leaf): the texts whose sentences the
@@ -67,8 +76,9 @@ class Forgetting:
         node's text holds (as a run of whole words), see :meth:`ExtractiveSummarizer.forget
         <shared_core.models.extractive.ExtractiveSummarizer.forget>`: a sentence still used keeps its
         vector, so nothing is embedded again. The lexical index, when built, drops these nodes' texts
-        now; those rewritten are indexed again at the next query (as every change is). Subclasses
-        extend it for their own caches.
+        now; those rewritten are indexed again at the next query (as every change is). The IVF index
+        over every node (past ``exact_search_max``) is brought up to date at once. Subclasses extend it
+        for their own caches.
         """
         st = self._store
         forget = getattr(self.summarizer, "forget", None)
@@ -87,6 +97,10 @@ class Forgetting:
             # change left dirty, whose indexed text is stale and may still hold the forgotten words
             self._lexical.remove(sorted(gone | changed | self._lex_dirty | self._lex_removed))
             self._lex_removed = set()
+        if self._ns is not None and not self._ns.exhaustive:
+            # the IVF index over every node takes the deletion now, not at the next query: the codes
+            # of the removed nodes go and those of the rewritten ones are encoded again
+            self._node_search()
 
     def _forget_all(self, old: NodeStore) -> None:
         """After ``clear()``: caches of the process drop what the texts of ``old`` (the cleared store)

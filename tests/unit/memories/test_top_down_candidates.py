@@ -233,3 +233,36 @@ def test_leaves_that_inherit_their_score_are_found_below_candidates(kind, alpha,
             _same(got, want)
             assert all(h.is_leaf for h in want)
     assert taken >= 3
+
+
+def _ivf_contents(ns) -> dict[int, np.ndarray]:
+    """Every (id, decoded vector) the IVF index holds, read without bringing it up to date."""
+    import faiss
+
+    ivf, out = ns._index, {}
+    for li in range(ivf.nlist):
+        size = ivf.invlists.list_size(li)
+        if size:
+            for i in faiss.rev_swig_ptr(ivf.invlists.get_ids(li), size).copy().tolist():
+                out[i] = ivf.reconstruct(i)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["segtree", "memtree", "hat"])
+def test_a_deletion_leaves_no_code_in_the_ivf_index(kind, monkeypatch):
+    mem = _build(kind, n=160)
+    _forced(mem, monkeypatch, exact=False)
+    monkeypatch.setattr(R, "NODES_PER_CANDIDATE", 1)
+    mem.retrieve("bees honey", k=2)  # trains the IVF index over every node
+    assert mem._ns is not None and not mem._ns.exhaustive
+    leaf = mem._store.leaves()[5]
+    ids = mem._index.ids.tolist()
+    before = dict(zip(ids, mem._index.get(ids)))
+    mem.delete(leaf)
+    held = _ivf_contents(mem._ns)  # no query since the deletion
+    assert leaf not in held and set(held) == set(mem._index.ids.tolist())
+    now = dict(zip(held, mem._index.get(list(held))))
+    changed = [i for i in held if i in before and not np.array_equal(before[i], now[i])]
+    for i in held:  # rewritten summaries are encoded again from their new vectors (8-bit codes)
+        assert np.abs(held[i] - now[i]).max() < 0.05
+    assert changed or kind == "hat"  # the deleted leaf's ancestors were rewritten
