@@ -130,7 +130,10 @@ class LexicalIndex:
 
     def _clear_postings(self) -> None:
         self._vocab: dict[str, int] = {}
-        self._post: list[np.ndarray] = []  # term -> int64 (cap, 3): slot, tf, generation
+        # term -> its postings, one array per column (contiguous for scoring): slot, tf, generation
+        self._post_slot: list[np.ndarray] = []  # int64 (cap,)
+        self._post_tf: list[np.ndarray] = []  # float64 (cap,): the term's count in the text
+        self._post_gen: list[np.ndarray] = []  # int64 (cap,): the slot's generation when posted
         self._post_n: list[int] = []  # term -> postings used
         self._post_dead: list[int] = []  # term -> postings of replaced or removed texts among them
         self._df = np.zeros(0, dtype=np.int64)  # term -> live texts holding it
@@ -254,16 +257,21 @@ class LexicalIndex:
         for t, tf in counts.items():
             tid = vocab.get(t)
             if tid is None:
-                tid = vocab[t] = len(self._post)
-                self._post.append(np.empty((_MIN_CAP, 3), dtype=np.int64))
+                tid = vocab[t] = len(self._post_slot)
+                self._post_slot.append(np.empty(_MIN_CAP, dtype=np.int64))
+                self._post_tf.append(np.empty(_MIN_CAP, dtype=np.float64))
+                self._post_gen.append(np.empty(_MIN_CAP, dtype=np.int64))
                 self._post_n.append(0)
                 self._post_dead.append(0)
                 self._df = grow(self._df, tid + 1, fill=0)
             n = self._post_n[tid]
-            arr = self._post[tid] = grow(self._post[tid], n + 1, minimum=_MIN_CAP)
-            arr[n, 0] = slot
-            arr[n, 1] = tf
-            arr[n, 2] = gen
+            if n >= len(self._post_slot[tid]):
+                self._post_slot[tid] = grow(self._post_slot[tid], n + 1, minimum=_MIN_CAP)
+                self._post_tf[tid] = grow(self._post_tf[tid], n + 1, minimum=_MIN_CAP)
+                self._post_gen[tid] = grow(self._post_gen[tid], n + 1, minimum=_MIN_CAP)
+            self._post_slot[tid][n] = slot
+            self._post_tf[tid][n] = tf
+            self._post_gen[tid][n] = gen
             self._post_n[tid] = n + 1
             self._df[tid] += 1
         self._live_postings += len(counts)
@@ -297,16 +305,26 @@ class LexicalIndex:
                 continue
             df = float(self._df[tid])
             idf = math.log(1.0 + (N - df + 0.5) / (df + 0.5))
-            p = self._post[tid][: self._post_n[tid]]
+            m = self._post_n[tid]
+            slots, tf = self._post_slot[tid][:m], self._post_tf[tid][:m]
             if self._post_dead[tid]:  # drop the term's dead postings once, not at every query
-                p = p[p[:, 2] == gen[p[:, 0]]]
-                self._post[tid][: len(p)] = p
-                self._dead_postings -= self._post_n[tid] - len(p)
-                self._post_n[tid], self._post_dead[tid] = len(p), 0
-            slots = p[:, 0]
-            tf = p[:, 1].astype(np.float64)
-            dl = self._slot_len[slots]
-            out[slots] += (times * idf) * tf / (tf + K1 * (1.0 - B + B * dl / avgdl))
+                keep = self._post_gen[tid][:m] == gen[slots]
+                live = int(keep.sum())
+                for col in (self._post_slot, self._post_tf, self._post_gen):
+                    col[tid][:live] = col[tid][:m][keep]
+                self._dead_postings -= m - live
+                self._post_n[tid], self._post_dead[tid] = live, 0
+                slots, tf = self._post_slot[tid][:live], self._post_tf[tid][:live]
+            # (times * idf) * tf / (tf + K1 * (1 - B + B * dl / avgdl)), in that order, in place
+            d = self._slot_len[slots]
+            d *= B
+            d /= avgdl
+            d += 1.0 - B
+            d *= K1
+            d += tf
+            x = tf * (times * idf)
+            x /= d
+            out[slots] += x
         return out
 
     def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:

@@ -246,7 +246,9 @@ def test_in_place_updates_equal_a_bm25s_model_built_from_scratch(ops, queries):
             assert nz.tolist() == [got[k] for k in nz_ids.tolist()]
         # the dead-posting counts (what compaction and the per-term pruning at query time go by)
         gen = idx._slot_gen
-        dead = [int((p[:n, 2] != gen[p[:n, 0]]).sum()) for p, n in zip(idx._post, idx._post_n)]
+        dead = [
+            int((g[:n] != gen[s[:n]]).sum()) for s, g, n in zip(idx._post_slot, idx._post_gen, idx._post_n)
+        ]
         assert dead == idx._post_dead
         assert sum(dead) == idx._dead_postings
 
