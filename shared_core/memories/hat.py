@@ -174,9 +174,9 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
         policy: default policy of the memory without an LLM: ``"top_down"`` (default), ``"greedy"`` or
             ``"collapsed"``.
         llm_policy: default policy when the memory has an LLM, default ``"agent"``.
-        exact_search_max: the most indexed nodes ``top_down`` scores exhaustively, default 8192; past it
-            (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) it scores candidates, their
-            ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
+        exact_search_max: the most indexed nodes ``top_down`` and ``collapsed`` score exhaustively, default
+            8192; past it (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) they score candidates,
+            their ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
             "Retrieval past a size"). ``None``: every node at any size (and saves made before the option).
 
     Raises:

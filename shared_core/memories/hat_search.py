@@ -242,13 +242,13 @@ class HATSearch:
         if policy == "collapsed" and relevance == "dense" and admissible == "all":
             cands = self._collapsed(query_vector(), k)  # the first version's cosine over every node
         elif policy in ("top_down", "collapsed"):  # every distinct text is a candidate: no fill needed
-            if policy == "top_down" and relevance != "bm25":
+            if relevance != "bm25":  # collapsed: top_down with H = 0
                 sc = self._top_down_parents(
                     query,
                     relevance,
                     hybrid_weight,
                     alpha,
-                    horizon,
+                    horizon if policy == "top_down" else 0,
                     k,
                     query_vector(),
                     leaves_only=admissible == "leaves",

@@ -167,9 +167,9 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
             similar child, an int >= 2, default 256; ``None`` = no bound (the paper's rule).
         reembed_cosine: a rewritten summary is embedded when the cosine of its composed vector with its
             anchor's falls below this, a float in ``(0, 1]``, default 0.95; ``None`` = always (the paper's).
-        exact_search_max: the most indexed nodes ``top_down`` scores exhaustively, default 8192; past it
-            (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) it scores candidates, their
-            ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
+        exact_search_max: the most indexed nodes ``top_down`` and ``collapsed`` score exhaustively, default
+            8192; past it (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) they score candidates,
+            their ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
             "Retrieval past a size"). ``None``: every node at any size (and saves made before the option).
 
     Policies: ``top_down`` (default), ``collapsed``, ``traversal``.
@@ -647,11 +647,14 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         admissible: str,
         qvec: np.ndarray,
     ) -> list[tuple[int, float]] | None:
-        """``top_down`` over candidates past :attr:`exact_search_max` nodes
-        (:meth:`~shared_core.search.ranking.Ranking._top_down_parents`), or ``None`` (every node)."""
-        if policy != "top_down":
-            return None
+        """``top_down`` (and ``collapsed`` without the dense cut-off: ``H = 0``) over candidates past
+        :attr:`exact_search_max` nodes (:meth:`~shared_core.search.ranking.Ranking._top_down_parents`),
+        or ``None`` (every node)."""
         relevance = self.relevance_kind if params.get("relevance") is None else params["relevance"]
+        if policy == "collapsed" and relevance != "dense":  # collapsed = top_down with H = 0
+            horizon = 0
+        elif policy != "top_down":
+            return None
         w = (
             self.hybrid_weight
             if params.get("hybrid_weight") is None

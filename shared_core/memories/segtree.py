@@ -123,13 +123,13 @@ class SegTreeMem(HierarchicalMemory):
         neighbours: neighbourhood expansion, an int >= 0, default 0 (off): each leaf hit is followed by
             up to this many of its sibling leaves, nearest in turn order first, within the same ``k``
             and ``max_tokens``. Not in the paper.
-        exact_search_max: the most indexed nodes ``top_down`` scores exhaustively, default 8192; past it
-            (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) it scores the ``32 (3k + 8)``
-            nearest nodes from an IVF index over every node and as many best by BM25, their ``H``
-            ancestors and the descendants that could rank among the best (a documented departure:
-            docs/performance.md, "Retrieval past a size"). The hits are the exhaustive ones whenever the
-            index finds the nearest nodes; their scores are normalised over the scored nodes. ``None``:
-            every node at any size (and saves made before the option).
+        exact_search_max: the most indexed nodes ``top_down`` and ``collapsed`` score exhaustively, default
+            8192; past it (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) they score the
+            ``32 (3k + 8)`` nearest nodes from an IVF index over every node and as many best by BM25, their
+            ``H`` ancestors and the descendants that could rank among the best (a documented departure:
+            docs/performance.md, "Retrieval past a size"). The hits are the exhaustive ones whenever the index
+            finds the nearest nodes; their scores are normalised over the scored nodes. ``None``: every node
+            at any size (and saves made before the option).
 
     Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
 
@@ -666,11 +666,13 @@ class SegTreeMem(HierarchicalMemory):
         admissible: str,
         qvec: list[np.ndarray],
     ) -> list[tuple[int, float, dict[str, Any]]] | None:
-        """``top_down`` over candidates past :attr:`exact_search_max` nodes
-        (:meth:`~shared_core.search.ranking.Ranking._top_down_over_candidates`), or ``None``: the
-        exhaustive path (another policy, ``top_down_weights="share"``, ``bm25``, a small memory, or a
+        """``top_down`` (and ``collapsed``, its ``H = 0``) over candidates past :attr:`exact_search_max`
+        nodes (:meth:`~shared_core.search.ranking.Ranking._top_down_over_candidates`), or ``None``: the
+        exhaustive path (``bottom_up``, ``top_down_weights="share"``, ``bm25``, a small memory, or a
         walk the candidates cannot finish; the query vector it embedded is left in ``qvec``)."""
-        if policy != "top_down" or self.top_down_weights != "inherit" or self._search_max() is None:
+        if policy not in ("top_down", "collapsed") or self._search_max() is None:
+            return None
+        if policy == "top_down" and self.top_down_weights != "inherit":
             return None
         kind = (
             self.relevance_kind
@@ -680,7 +682,7 @@ class SegTreeMem(HierarchicalMemory):
         if kind == "bm25" or self._index is None:
             return None
         a = self.alpha if alpha is None else self._check_alpha(alpha)
-        h = self.horizon if horizon is None else self._check_horizon(horizon)
+        h = 0 if policy == "collapsed" else self.horizon if horizon is None else self._check_horizon(horizon)
         w = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
         copies = admissible == "all"
 

@@ -87,16 +87,18 @@ def _same(got, want) -> None:
     alpha=st.sampled_from([0.0, 0.1, 0.5, 0.9]),
     horizon=st.integers(0, 3),
     relevance=st.sampled_from(["hybrid", "dense"]),
+    policy=st.sampled_from(["top_down", "top_down", "collapsed"]),
 )
 def test_hits_are_the_exhaustive_hits_with_an_exact_first_stage(
-    built, monkeypatch, q, k, alpha, horizon, relevance
+    built, monkeypatch, q, k, alpha, horizon, relevance, policy
 ):
     mem = built
+    kw = {"k": k, "alpha": alpha, "horizon": horizon, "relevance": relevance, "policy": policy}
     with monkeypatch.context() as mp:
         _forced(mem, mp)
-        got = mem.retrieve(q, k=k, alpha=alpha, horizon=horizon, relevance=relevance)
+        got = mem.retrieve(q, **kw)
         used = mem.last_candidates
-    want = _exhaustive(mem, q, k=k, alpha=alpha, horizon=horizon, relevance=relevance)
+    want = _exhaustive(mem, q, **kw)
     _same(got, want)
     if used is not None:
         assert used < len(mem._index)
@@ -149,8 +151,9 @@ def test_other_settings_score_every_node(built, monkeypatch):
     _forced(mem, monkeypatch)
     mem.retrieve("bees honey", k=3, relevance="bm25")
     assert mem.last_candidates is None  # BM25 is sparse and exact already
-    mem.retrieve("bees honey", k=3, policy="collapsed")
-    assert mem.last_candidates is None
+    if isinstance(mem, SegTreeMem):
+        mem.retrieve("bees honey", k=3, policy="bottom_up")
+        assert mem.last_candidates is None
     monkeypatch.setattr(mem, "exact_search_max", None)
     mem.retrieve("bees honey", k=3)
     assert mem.last_candidates is None
