@@ -253,16 +253,13 @@ class HATSearch:
                     query_vector(),
                     leaves_only=admissible == "leaves",
                 )
+                found = None
                 if sc is not None:
-                    keep = sc.ranked & sc.leaf if admissible == "leaves" else sc.ranked
-                    found = self._exact_prefix(
-                        self._ranked(sc.ids, sc.scores, k, {"policy": policy}, keep), k, sc.floor
-                    )
-                    if found is not None:
-                        self.last_candidates = len(sc.ids)
-                        for nid, _, m in found:
-                            m["path"] = self._path(nid)
-                        return found
+                    found = self._ranked_over(sc, k, {"policy": policy}, leaves_only=admissible == "leaves")
+                if found is not None:
+                    for nid, _, m in found:
+                        m["path"] = self._path(nid)
+                    return found
             ids, r = scores()
             return self._ranking(ids, r, policy, k, admissible, alpha, horizon, {"policy": policy})
         elif policy == "greedy":

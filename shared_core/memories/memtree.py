@@ -621,7 +621,18 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         elif policy == "collapsed" and relevance == "dense" and admissible == "all":
             chosen = self._collapsed(qvec, k, threshold, max_context)
         elif (
-            found := self._select_over_candidates(query, policy, k, params, alpha, horizon, admissible, qvec)
+            found := self._select_over_candidates(
+                query,
+                policy,
+                k,
+                relevance,
+                params.get("hybrid_weight"),
+                alpha,
+                horizon,
+                admissible,
+                max_context,
+                qvec,
+            )
         ) is not None:
             chosen = found
         else:
@@ -641,35 +652,27 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         query: str,
         policy: str,
         k: int,
-        params: dict[str, Any],
+        relevance: str,
+        hybrid_weight: float | None,
         alpha: float,
         horizon: int,
         admissible: str,
+        max_context: int,
         qvec: np.ndarray,
     ) -> list[tuple[int, float]] | None:
         """``top_down`` (and ``collapsed`` without the dense cut-off: ``H = 0``) over candidates past
         :attr:`exact_search_max` nodes (:meth:`~shared_core.search.ranking.Ranking._top_down_parents`),
         or ``None`` (every node)."""
-        relevance = self.relevance_kind if params.get("relevance") is None else params["relevance"]
         if policy == "collapsed" and relevance != "dense":  # collapsed = top_down with H = 0
             horizon = 0
         elif policy != "top_down":
             return None
-        w = (
-            self.hybrid_weight
-            if params.get("hybrid_weight") is None
-            else check_weight(params["hybrid_weight"])
-        )
+        w = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
         leaves = admissible == "leaves"
         sc = self._top_down_parents(query, relevance, w, alpha, horizon, k, qvec, leaves_only=leaves)
         if sc is None:
             return None
         keep = sc.ranked & sc.leaf if leaves else sc.ranked
-        max_context = (
-            self.max_context
-            if params.get("max_context") is None
-            else _positive_int(params["max_context"], "max_context (characters)")
-        )
         chosen = self._select(sc.ids[keep], sc.scores[keep], k, -np.inf, max_context)
         if len(chosen) < k or not chosen[-1][1] > sc.floor:
             return None

@@ -702,13 +702,7 @@ class SegTreeMem(HierarchicalMemory):
             )
             if sc is None:
                 return None
-            meta = {"policy": policy}
-            adm = sc.ranked & sc.leaf if not copies else sc.ranked
-            out = self._ranked(sc.ids, sc.best if copies else sc.scores, k, meta, adm)
-            exact = self._exact_prefix(out, k, sc.floor)
-            if exact is not None:
-                self.last_candidates = len(sc.ids)
-            return exact
+            return self._ranked_over(sc, k, {"policy": policy}, leaves_only=not copies, use_best=copies)
 
     def _depth(self, nid: int) -> int:
         """Depth in the levelled tree (single-child copies counted): root level minus the node's level."""

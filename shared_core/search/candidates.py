@@ -218,6 +218,15 @@ class CandidateSearch:
 
         def _lexical_index(self) -> Any: ...
 
+        def _ranked(
+            self,
+            ids: np.ndarray,
+            scores: np.ndarray,
+            k: int,
+            meta: dict[str, Any],
+            admissible: np.ndarray | None = None,
+        ) -> list[tuple[int, float, dict[str, Any]]]: ...
+
     def _search_max(self) -> int | None:
         """The most indexed nodes a retrieval scores exhaustively (:attr:`exact_search_max`); past it,
         policies that can use :meth:`_relevance_candidates` do."""
@@ -373,8 +382,7 @@ class CandidateSearch:
         is_cand[c.ids] = True
         is_near = np.zeros(size, dtype=bool)
         is_near[c.nearest] = True
-        depth: np.ndarray | None = None  # per candidate, the depth down to which descendants are scored
-        depth_of: dict[int, int] = {}
+        depth_of: dict[int, int] | None = None  # candidate -> depth down to which descendants are scored
         while True:
             ids, dense = self._dense_on(
                 c, np.flatnonzero(ancestor_mask(parent, np.flatnonzero(ranked), horizon))
@@ -399,7 +407,9 @@ class CandidateSearch:
                 up = np.where(up >= 0, parent_pos[np.maximum(up, 0)], -1)
                 rmax = np.maximum(rmax, np.where(up >= 0, r[np.maximum(up, 0)], 0.0))
             bound = [floor_of(alpha, horizon, r_b, rmax, d) for d in range(1, horizon + 1)]
-            if depth is None:  # which candidates' descendants could rank: decided once, on the first scores
+            if (
+                depth_of is None
+            ):  # which candidates' descendants could rank: decided once, on the first scores
                 vals = key[inr & leaf if leaves_only else inr]  # t: the need-th best admissible score
                 t = (
                     float(np.partition(vals, len(vals) - need)[len(vals) - need]) * scale
@@ -411,10 +421,9 @@ class CandidateSearch:
                 for u in bound:  # U falls with the depth: the depths down to the last U >= t
                     alive &= u >= t
                     depth += alive
-                roots = {int(v): int(d) for v, d in zip(ids[cand].tolist(), depth.tolist()) if d}
-                if roots:
-                    ranked[descendants(lambda v: self._store.nodes[v].children, roots)] = True
-                    depth_of = roots
+                depth_of = {int(v): int(d) for v, d in zip(ids[cand].tolist(), depth.tolist()) if d}
+                if depth_of:
+                    ranked[descendants(lambda v: self._store.nodes[v].children, depth_of)] = True
                     continue
             d = np.asarray([depth_of.get(v, 0) for v in ids[cand].tolist()], dtype=np.int64)
             floor = r_b
@@ -456,6 +465,19 @@ class CandidateSearch:
         return self._top_down_over_candidates(
             query, kind, weight, alpha, horizon, k, qvec, propagate, leaves_only=leaves_only
         )
+
+    def _ranked_over(
+        self, sc: CandidateScores, k: int, meta: dict[str, Any], *, leaves_only: bool, use_best: bool = False
+    ) -> list[tuple[int, float, dict[str, Any]]] | None:
+        """:meth:`_ranked` over the ``ranked`` nodes of ``sc`` (their leaves with ``leaves_only``, by
+        ``best`` with ``use_best``), cut to :meth:`_exact_prefix`; ``None`` when that is not enough (the
+        caller scores every node). Notes :attr:`last_candidates` when it is."""
+        keep = sc.ranked & sc.leaf if leaves_only else sc.ranked
+        out = self._ranked(sc.ids, sc.best if use_best else sc.scores, k, meta, keep)
+        exact = self._exact_prefix(out, k, sc.floor)
+        if exact is not None:
+            self.last_candidates = len(sc.ids)
+        return exact
 
     def _exact_prefix(
         self, out: list[tuple[int, float, dict[str, Any]]], k: int, floor: float

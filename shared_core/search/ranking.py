@@ -23,13 +23,7 @@ import numpy as np
 from ..models.base import validate_embeddings
 from ..types import Hit, count_tokens
 from .ann import NeighbourSearch
-from .candidates import (
-    CANDIDATES_PER_HIT,
-    NODES_PER_CANDIDATE,
-    Candidates,
-    CandidateScores,
-    CandidateSearch,
-)
+from .candidates import Candidates, CandidateSearch
 from .filters import MessageFilter
 from .index import normalize_rows
 from .relevance import check_weight, fuse
@@ -45,10 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMISSIBLE",
-    "CANDIDATES_PER_HIT",
-    "CandidateScores",
     "Candidates",
-    "NODES_PER_CANDIDATE",
     "RELEVANCE_KINDS",
     "Ranking",
     "TokenBudget",
@@ -89,10 +80,6 @@ class Ranking(CandidateSearch):
     segment_depth: int = 1
     #: sibling leaves placed after each leaf hit (its segment neighbours, nearest in turn order first)
     neighbours: int = 0
-    #: the most indexed nodes a ``top_down`` retrieval scores exhaustively; past it (and past
-    #: ``NODES_PER_CANDIDATE x CANDIDATES_PER_HIT (3k + 8)`` nodes) it scores candidates
-    #: (:meth:`_top_down_over_candidates`); ``None``: every node at any size
-    exact_search_max: int | None = None
 
     if TYPE_CHECKING:
 
