@@ -54,7 +54,7 @@ class HierMemRetriever(BaseRetriever):
         memory: any core :class:`~shared_core.memories.base.HierarchicalMemory`.
         k: documents per query, default 4 (LangChain retrievers' usual default); ``None`` = the memory's
             own default (10 for SegTreeMem).
-        policy: retrieval policy, default ``None`` = the memory's default (e.g. SegTreeMem ``top_down``;
+        policy: retrieval policy, default ``None`` = the memory's default (e.g. SegTreeMem ``collapsed``;
             see ``memory.policies``).
         max_tokens: optional budget of returned text in tokens (as ``shared_core.memories.base.count_tokens``
             counts); default ``None`` (no budget).

@@ -555,7 +555,7 @@ class SegTreeIndex(HierMemIndex):
     """A LlamaIndex index over a :class:`~shared_core.memories.segtree.SegTreeMem` (segment-tree memory).
 
     Nodes are utterances in arrival order; internal nodes annotate contiguous spans. Policies:
-    ``collapsed``, ``top_down`` (default), ``bottom_up``; policy parameters ``alpha``, ``horizon``,
+    ``collapsed`` (default), ``top_down``, ``bottom_up``; policy parameters ``alpha``, ``horizon``,
     ``relevance``, ``hybrid_weight``, ``admissible``. Arguments: see :class:`HierMemIndex`;
     ``**memory_kwargs`` are :class:`~shared_core.memories.segtree.SegTreeMem` options (``compat``,
     ``threshold``, ``alpha``, ``horizon``, ``k``, ``relevance``, ...).
@@ -572,8 +572,9 @@ class MemTreeIndex(HierMemIndex):
     """A LlamaIndex index over a ``shared_core.memories.memtree.MemTree`` (semantic tree with online
     insertion).
 
-    Policies: ``top_down`` (default: message leaves ranked by propagated hybrid relevance),
-    ``collapsed`` (the paper's), ``traversal``. Arguments: see :class:`HierMemIndex`;
+    Policies: ``collapsed`` (default: message leaves ranked by their own hybrid relevance; with
+    ``relevance="dense", admissible="all"`` the paper's), ``top_down`` (relevance propagated from the
+    summaries), ``traversal``. Arguments: see :class:`HierMemIndex`;
     ``**memory_kwargs`` are ``MemTree`` options.
 
     References:
@@ -587,8 +588,8 @@ class MemTreeIndex(HierMemIndex):
 class HATIndex(HierMemIndex):
     """A LlamaIndex index over a ``shared_core.memories.hat.HAT`` (hierarchical aggregate tree).
 
-    Policies: ``top_down`` (default without an LLM), ``agent`` (default with one), ``bfs``, ``dfs`` (need
-    an LLM), ``greedy``, ``collapsed``. Arguments: see :class:`HierMemIndex`; ``**memory_kwargs`` are
+    Policies: ``collapsed`` (default without an LLM), ``agent`` (default with one), ``bfs``, ``dfs`` (need
+    an LLM), ``top_down``, ``greedy``. Arguments: see :class:`HierMemIndex`; ``**memory_kwargs`` are
     ``HAT`` options (e.g. the memory length ``M``).
 
     References:

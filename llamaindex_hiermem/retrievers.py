@@ -233,7 +233,7 @@ class HierMemRetriever(BaseRetriever):
     Args:
         memory: the core memory (:class:`~shared_core.memories.base.HierarchicalMemory`).
         policy: retrieval policy, one of ``memory.policies``; default ``None`` = the memory's default
-            (e.g. SegTreeMem ``top_down``).
+            (e.g. SegTreeMem ``collapsed``).
         similarity_top_k: at most this many nodes per query; default ``None`` = the memory's default
             (usually 10).
         max_tokens: optional budget of returned text in tokens (as the core counts them); default

@@ -114,8 +114,8 @@ def eval_command(
         "(e.g. segtree:top_down), kind[option=value]:policy, flat_dense, bm25 (stemmed), "
         "bm25_unstemmed, hybrid (RRF), fusion (max-normalised dense + stemmed BM25, "
         "fusion[weight=W], several weights make a sweep); or all / memories / baselines. Each memory "
-        "also gets its default policy, its collapsed policy (tree share) and its flat reference "
-        "baseline (corpus share).",
+        "also gets its default policy, its tree policy and its collapsed policy (tree share) and its "
+        "flat reference baseline (corpus share).",
     ),
     k: int = typer.Option(10, "--k", min=1, help="Hits retrieved per query (recall@k)."),
     max_tokens: int | None = typer.Option(
@@ -248,6 +248,7 @@ def eval_command(
             "evidence R",
             "best flat",
             "margin",
+            "tree policy",
             "collapsed",
             "tree share",
             "reference",
@@ -267,6 +268,7 @@ def eval_command(
                 _num(c.get("default")),
                 f"{c.get('best_flat_method') or '—'} {_num(c.get('best_flat'))}",
                 _ci(c, "margin_over_best_flat"),
+                f"{m.get('tree_policy', '?')} {_num(c.get('tree'))}",
                 _num(c.get("collapsed")),
                 _ci(c, "tree_share"),
                 f"{m['reference']} {_num(c.get('reference'))}",

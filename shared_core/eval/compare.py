@@ -98,17 +98,20 @@ def compare_methods(
       ``fusion`` build that counts is the one with that weight (a weight chosen on dev: on validate the
       flat fusion is held at it, as every memory parameter is), the others are reported only;
     * per memory build, with ``default`` = its default policy's value (``"<build>:<default_policy>"``),
+      ``tree`` = the value of its tree policy (``"<build>:<tree_policy>"``, the policy that ranks
+      through the structure, e.g. ``top_down``; the default policy when the memory names none),
       ``collapsed`` = the value of the same build's ``collapsed`` policy (every node ranked by the
       memory's own relevance, no descent: the same relevance without the structure) and ``reference``
       = the value of the flat baseline with the memory's relevance over single messages
       (:func:`reference_spec`: ``fusion`` for ``hybrid``):
 
       - ``margin_over_best_flat = default - best flat value``;
-      - ``tree_share = default - collapsed`` (what the tree's structure earns);
+      - ``tree_share = tree - collapsed`` (what the tree's structure earns; when the default is the
+        tree policy, ``default - collapsed``);
       - ``corpus_share = collapsed - reference`` (what ranking the memory's nodes, summaries included,
         earns over ranking single messages with the same relevance);
 
-      so ``tree_share + corpus_share = default - reference``.
+      so ``tree_share + corpus_share = tree - reference``.
 
     With ``rows`` each cell also holds ``"ci95"``: per number a paired bootstrap interval
     (:func:`~shared_core.eval.protocol.paired_bootstrap`, questions resampled, ``n_resamples`` with
@@ -123,8 +126,8 @@ def compare_methods(
     Args:
         methods: per-method aggregates from :func:`~shared_core.eval.runner.aggregate_results`, in
             report order.
-        facts: per memory build key, ``{"default_policy", "relevance", "hybrid_weight"}`` (from
-            :func:`memory_facts` or the build itself).
+        facts: per memory build key, ``{"default_policy", "tree_policy", "relevance", "hybrid_weight"}``
+            (from :func:`memory_facts` or the build itself; without ``tree_policy`` the default policy).
         metrics: the metrics compared, default :data:`COMPARED_METRICS`.
         rows: per method name its per-query rows (with ``dataset``, ``conversation``, ``query_id`` and
             the metrics), default ``None`` (no intervals).
@@ -137,8 +140,9 @@ def compare_methods(
     Returns:
         ``{"metrics": [...], "flat_baselines": [names], "fusion_weight": weight or None, "best_flat":
         {"overall": {metric: {"method", "value"} or None}, "by_dataset": {label: {...}}}, "memories":
-        {build: {"kind", "default", "policy", "relevance", "hybrid_weight" (None unless hybrid),
-        "collapsed", "reference", "overall": {metric: {"default", "collapsed", "reference", "best_flat",
+        {build: {"kind", "default", "policy", "tree", "tree_policy", "relevance", "hybrid_weight" (None
+        unless hybrid), "collapsed", "reference", "overall": {metric: {"default", "tree", "collapsed",
+        "reference", "best_flat",
         "best_flat_method", "margin_over_best_flat", "tree_share", "corpus_share"[, "ci95"]}},
         "by_dataset": {label: {...}}}}, "fusion_weights": {...} or None[, "bootstrap": {"resamples",
         "seed", "level", "unit"}]}``.
@@ -196,32 +200,40 @@ def compare_methods(
             continue
         f = facts[build]
         default = f"{build}:{f['default_policy']}"
+        tree_policy = f.get("tree_policy") or f["default_policy"]
+        tree = f"{build}:{tree_policy}"
         collapsed = f"{build}:collapsed"
         ref = reference_spec(f["relevance"], f["hybrid_weight"]).name
-        notes = [f"{n} was not evaluated" for n in (default, collapsed, ref) if n not in methods]
+        named = dict.fromkeys((default, tree, collapsed, ref))
+        notes = [f"{n} was not evaluated" for n in named if n not in methods]
 
         def cells(
-            scope: str | None, default: str = default, collapsed: str = collapsed, ref: str = ref
+            scope: str | None,
+            default: str = default,
+            tree: str = tree,
+            collapsed: str = collapsed,
+            ref: str = ref,
         ) -> dict[str, Any]:
             bf = best_flat["overall"] if scope is None else best_flat["by_dataset"][scope]
             out: dict[str, Any] = {}
             for metric in metrics:
-                d, c, r = (value(n, scope, metric) for n in (default, collapsed, ref))
+                d, t, c, r = (value(n, scope, metric) for n in (default, tree, collapsed, ref))
                 b = bf.get(metric) or {}
                 cell = {
                     "default": d,
+                    "tree": t,
                     "collapsed": c,
                     "reference": r,
                     "best_flat": b.get("value"),
                     "best_flat_method": b.get("method"),
                     "margin_over_best_flat": _diff(d, b.get("value")),
-                    "tree_share": _diff(d, c),
+                    "tree_share": _diff(t, c),
                     "corpus_share": _diff(c, r),
                 }
                 if rows is not None:
                     cell["ci95"] = {
                         "margin_over_best_flat": interval(default, b.get("method"), scope, metric),
-                        "tree_share": interval(default, collapsed, scope, metric),
+                        "tree_share": interval(tree, collapsed, scope, metric),
                         "corpus_share": interval(collapsed, ref, scope, metric),
                     }
                 out[metric] = cell
@@ -231,6 +243,8 @@ def compare_methods(
             "kind": m.get("kind"),
             "default": default,
             "policy": f["default_policy"],
+            "tree": tree,
+            "tree_policy": tree_policy,
             "relevance": f["relevance"],
             "hybrid_weight": f["hybrid_weight"] if f["relevance"] == "hybrid" else None,
             "collapsed": collapsed,

@@ -353,6 +353,7 @@ def _static_facts(cls: type, params: Mapping[str, Any]) -> dict[str, Any]:
         w = sig["hybrid_weight"].default
     return {
         "default_policy": str(cls.default_policy),
+        "tree_policy": str(getattr(cls, "tree_policy", None) or cls.default_policy),
         "relevance": str(rel or "dense"),
         "hybrid_weight": float(DEFAULT_HYBRID_WEIGHT if w is None else w),
     }
@@ -364,18 +365,20 @@ def _instance_facts(obj: Any) -> dict[str, Any]:
     w = getattr(obj, "hybrid_weight", None)
     return {
         "default_policy": str(obj.default_policy),
+        "tree_policy": str(getattr(obj, "tree_policy", None) or obj.default_policy),
         "relevance": str(getattr(obj, "relevance_kind", None) or "dense"),
         "hybrid_weight": float(DEFAULT_HYBRID_WEIGHT if w is None else w),
     }
 
 
 def memory_facts(spec: MethodSpec, *, memory_llm: bool = False) -> dict[str, Any]:
-    """A memory build's default policy and relevance, read from the memory's public configuration.
+    """A memory build's default policy, tree policy and relevance, read from its public configuration.
 
     The memory is constructed with ``spec.params`` (and stand-in models, never called) and its
-    ``default_policy``, ``relevance_kind`` and ``hybrid_weight`` attributes are read; a memory without a
-    ``relevance_kind`` ranks by cosine (``"dense"``). When the constructor refuses (e.g. a bad option,
-    reported later when the build is made), the class's defaults and the ``relevance`` /
+    ``default_policy``, ``tree_policy`` (the policy that ranks through the structure; its default
+    policy when it names none), ``relevance_kind`` and ``hybrid_weight`` attributes are read; a memory
+    without a ``relevance_kind`` ranks by cosine (``"dense"``). When the constructor refuses (e.g. a bad
+    option, reported later when the build is made), the class's defaults and the ``relevance`` /
     ``hybrid_weight`` options are used.
 
     Args:
@@ -383,7 +386,7 @@ def memory_facts(spec: MethodSpec, *, memory_llm: bool = False) -> dict[str, Any
         memory_llm: whether the memories get an LLM (HAT's default policy is ``agent`` then).
 
     Returns:
-        ``{"default_policy": str, "relevance": str, "hybrid_weight": float}``.
+        ``{"default_policy": str, "tree_policy": str, "relevance": str, "hybrid_weight": float}``.
 
     Raises:
         InvalidInputError: ``spec`` is a flat baseline.
@@ -402,9 +405,10 @@ def memory_facts(spec: MethodSpec, *, memory_llm: bool = False) -> dict[str, Any
 def with_references(specs: Sequence[MethodSpec], *, memory_llm: bool = False) -> list[MethodSpec]:
     """``specs`` completed with what the comparison needs for every memory build.
 
-    For each memory build: its default policy, then its ``collapsed`` policy (the same relevance without
-    the structure, for the tree share; when the memory has one), each inserted after the build's last
-    method when missing, and its flat reference (:func:`reference_spec` of its relevance, for the
+    For each memory build: its default policy, its tree policy (``tree_policy``: the one that ranks
+    through the structure, e.g. ``top_down``) and its ``collapsed`` policy (the same relevance without
+    the structure; the tree share compares the two), each inserted after the build's last method when
+    missing, and its flat reference (:func:`reference_spec` of its relevance, for the
     corpus share), appended when missing.
 
     Args:
@@ -428,6 +432,11 @@ def with_references(specs: Sequence[MethodSpec], *, memory_llm: bool = False) ->
             last = max(i for i, x in enumerate(out) if x.build == s.build)
             out.insert(last + 1, MethodSpec(default, s.build, s.kind, facts["default_policy"], s.params))
             names.add(default)
+        tree = f"{s.build}:{facts['tree_policy']}"
+        if tree not in names:
+            last = max(i for i, x in enumerate(out) if x.build == s.build)
+            out.insert(last + 1, MethodSpec(tree, s.build, s.kind, facts["tree_policy"], s.params))
+            names.add(tree)
         collapsed = f"{s.build}:collapsed"
         if collapsed not in names and "collapsed" in available_memories()[s.kind].policies:
             last = max(i for i, x in enumerate(out) if x.build == s.build)

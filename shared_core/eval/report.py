@@ -82,9 +82,9 @@ def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title:
     lines = [
         f"### {title}",
         "",
-        "| memory default | relevance | metric | default | best flat baseline | margin | collapsed | "
-        "tree share | flat reference | corpus share |",
-        "|---|---|---|---:|---|---:|---:|---:|---|---:|",
+        "| memory default | relevance | metric | default | best flat baseline | margin | tree policy | "
+        "collapsed | tree share | flat reference | corpus share |",
+        "|---|---|---|---:|---|---:|---|---:|---:|---|---:|",
     ]
     for build, m in mems.items():
         cells = m.get("overall", {}) if scope is None else m.get("by_dataset", {}).get(scope, {})
@@ -108,6 +108,7 @@ def _comparison_lines(comp: Mapping[str, Any], scope: str | None, k: Any, title:
                         _fmt(c.get("default")),
                         best,
                         _with_ci(c, "margin_over_best_flat"),
+                        f"{m.get('tree_policy', '?')} {_fmt(c.get('tree'))}",
                         _fmt(c.get("collapsed")),
                         _with_ci(c, "tree_share"),
                         ref,
@@ -287,10 +288,13 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     if comp.get("memories"):
         lines.append(
             "Margin: a memory's default policy minus the best flat baseline of the metric. Tree share: the "
-            "default minus the same memory's `collapsed` policy (every node ranked by the same relevance, "
-            "no structure). Corpus share: `collapsed` minus the flat reference, the flat baseline with the "
+            "memory's tree policy (the one that ranks through the structure, e.g. `top_down`) minus the "
+            "same memory's `collapsed` policy (every node ranked by the same relevance, no structure). "
+            "Corpus share: `collapsed` minus the flat reference, the flat baseline with the "
             "memory's own relevance (dense: flat_dense, bm25: bm25, hybrid: fusion with the same weight) "
-            "over single messages. Margin = tree share + corpus share + (flat reference - best flat)."
+            "over single messages. Tree share + corpus share = tree policy - flat reference; when the "
+            "default is the tree policy, margin = tree share + corpus share + (flat reference - best flat), "
+            "and when it is `collapsed`, margin = corpus share + (flat reference - best flat)."
         )
         boot = comp.get("bootstrap")
         if boot:
@@ -314,7 +318,7 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
 
     Top row: one group of bars per method, with a dashed line at the best flat baseline's evidence
     recall. Bottom row (when the run has memories): per memory default policy, its evidence-recall margin
-    over the best flat baseline, its tree share (default minus ``collapsed``) and its corpus share
+    over the best flat baseline, its tree share (its tree policy minus ``collapsed``) and its corpus share
     (``collapsed`` minus the flat reference), with 95% bootstrap intervals as error bars when computed.
 
     Args:
@@ -396,7 +400,7 @@ def plot_results(doc: Mapping[str, Any], path: str | Path, metrics: Sequence[str
         for ax, label in zip(axes[1], datasets):
             series = (
                 ("margin over best flat", "margin_over_best_flat", "#8172b3"),
-                ("tree share (default - collapsed)", "tree_share", "#937860"),
+                ("tree share (tree policy - collapsed)", "tree_share", "#937860"),
                 ("corpus share (collapsed - flat reference)", "corpus_share", "#55a868"),
             )
             for j, (text, key, color) in enumerate(series):

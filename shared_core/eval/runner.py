@@ -16,9 +16,9 @@ and the run (:func:`run_eval`). The inputs (:class:`Dataset`, :func:`load_datase
 :func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
 :func:`with_references`) in :mod:`shared_core.eval.methods`; the comparison of the memories with the
 flat baselines (:func:`compare_methods`: margin over the best counted flat baseline, tree share =
-default minus ``collapsed``, corpus share = ``collapsed`` minus the flat reference) in
-:mod:`shared_core.eval.compare`; the named splits, the per-query JSON lines and the paired bootstrap in
-:mod:`shared_core.eval.protocol`. Their public names are re-exported here.
+the tree policy (e.g. ``top_down``) minus ``collapsed``, corpus share = ``collapsed`` minus the flat
+reference) in :mod:`shared_core.eval.compare`; the named splits, the per-query JSON lines and the paired
+bootstrap in :mod:`shared_core.eval.protocol`. Their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -106,10 +106,11 @@ __all__ = [
     "with_references",
 ]
 
-SCHEMA = "hiermem.eval/2"
-"""Identifier of the results document's layout (``results["schema"]``). Version 2: ``tree_share`` is the
-default minus the memory's ``collapsed`` policy (version 1: minus the flat reference), with
-``corpus_share``, ``ci95`` intervals, ``fusion_weights`` and the ``split`` in the configuration."""
+SCHEMA = "hiermem.eval/3"
+"""Identifier of the results document's layout (``results["schema"]``). Version 3: ``tree_share`` is the
+memory's tree policy (``tree``, e.g. ``top_down``) minus its ``collapsed`` policy, whatever the default
+(version 2: the default minus ``collapsed``; version 1: the default minus the flat reference); version 2
+added ``corpus_share``, ``ci95`` intervals, ``fusion_weights`` and the ``split`` in the configuration."""
 
 WARMUP_QUERY = "what was said"
 """Query asked (untimed as latency) by every build after new messages, so that index maintenance a method

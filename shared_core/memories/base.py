@@ -117,6 +117,9 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
     kind: ClassVar[str] = "memory"
     policies: ClassVar[tuple[str, ...]] = ("collapsed",)
     default_policy: ClassVar[str] = "collapsed"
+    #: the policy that ranks through the tree's structure (propagation or descent), reported against
+    #: ``collapsed`` as the tree's share by ``hiermem eval``; ``None`` = :attr:`default_policy`
+    tree_policy: ClassVar[str | None] = None
     llm_policies: ClassVar[frozenset[str]] = frozenset()
     FORMAT_VERSION: ClassVar[int] = MEMORY_FORMAT
     #: the leaves under any node are exactly those whose insertion index lies in its span

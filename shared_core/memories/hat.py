@@ -6,9 +6,10 @@ root layer are created as needed, and every ancestor's text is re-aggregated fro
 cache from a hash of the children to the aggregated text (the paper's ``previous_complete_state``).
 Retrieval (Sec. 3.2, Sec. 4.3): a memory agent walks the tree with the actions up / down / left / right /
 reset / sufficient / insufficient; BFS and DFS ask at every visited node whether it suffices. Without an
-LLM, ``top_down`` (the default) returns the message leaves best supported by their own relevance and
-by the summaries above them; ``greedy`` (a beam descent) and ``collapsed`` (every node by its own
-relevance) complete the set. See :class:`HAT` for the departures from the paper and their reasons.
+LLM, ``collapsed`` (the default) returns the message leaves best ranked by their own relevance,
+``top_down`` the ones best supported by their own relevance and by the summaries above them, and
+``greedy`` descends the tree with a beam. See :class:`HAT` for the departures from the paper and their
+reasons.
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
     layer: ``"dense"`` = ``max(cos, 0)``, ``"bm25"``, or ``"hybrid"`` = each of the two divided by its
     maximum over the nodes, mixed with ``hybrid_weight``). Policies:
 
-    * ``top_down`` (default without an LLM): each summary passes its relevance down to the nodes below
+    * ``collapsed`` (default without an LLM): every node ranked by its own relevance (the ``admissible``
+      ones: message leaves by default); with ``relevance="dense"`` and ``admissible="all"`` it is cosine
+      over all nodes, top-k.
+    * ``top_down``: each summary passes its relevance down to the nodes below
       it (the shared relevance propagation, SegTreeMem's Algorithm 2 with every child inheriting its
       parent's whole score: ``s = sum_{h<=H} alpha^h W^h s0 / sum alpha^h`` with ``s0 = r / sum(r)``,
       ``alpha`` and ``horizon`` ``H``), and the best ``admissible`` nodes are returned: message leaves
@@ -104,8 +108,6 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
       path after ``p`` layers in a row without improvement, ``patience=0`` is the literal rule. A one-child
       node is passed through to its child (same text). Without ``relevance="dense"`` the similarity is the
       memory's relevance.
-    * ``collapsed``: every node ranked by its own relevance (the ``admissible`` ones); with
-      ``relevance="dense"`` and ``admissible="all"`` it is cosine over all nodes, top-k.
     * ``agent`` (default with an LLM; Sec. 3.2): the LLM walks the tree from the root with the actions
       up / down N / left / right / reset / sufficient / insufficient, at most ``max_steps`` decisions.
     * ``bfs`` / ``dfs`` (Sec. 4.3): visit the nodes in breadth-first (layer by layer) or depth-first
@@ -124,8 +126,9 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
     horizon=..., beam=..., patience=..., greedy_hits=..., fill=..., max_steps=...)`` overrides the
     memory's settings for one call.
 
-    **Departures from the paper.** The default LLM-free policy is ``top_down`` over ``hybrid`` relevance
-    returning message leaves (the first version's ``greedy`` peaks by cosine were mostly summaries);
+    **Departures from the paper.** The default LLM-free policy is ``collapsed`` over ``hybrid`` relevance
+    returning message leaves (the first version's ``greedy`` peaks by cosine were mostly summaries;
+    ``top_down``, the default before, is not measurably better on the dev or the validate split);
     ``greedy`` returns leaves with a beam of ``4 * k`` of the call; ``fill`` tops every policy up to ``k``
     hits; ``bfs`` / ``dfs`` have no step budget, as in the paper. Their measurements are in
     docs/evaluation.md, "HAT: departures from the paper, measured".
@@ -171,8 +174,8 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
             (messages, default) or ``"all"`` nodes (summaries too).
         greedy_hits: what ``greedy`` returns: ``"leaves"`` (default) or ``"peaks"``.
         fill: top every policy's hits up to ``k`` from ``top_down``, default ``True``.
-        policy: default policy of the memory without an LLM: ``"top_down"`` (default), ``"greedy"`` or
-            ``"collapsed"``.
+        policy: default policy of the memory without an LLM: ``"collapsed"`` (default), ``"top_down"`` or
+            ``"greedy"``; saves made while ``"top_down"`` was the default keep it.
         llm_policy: default policy when the memory has an LLM, default ``"agent"``.
         exact_search_max: the most indexed nodes ``top_down`` and ``collapsed`` score exhaustively, default
             8192; past it (and past ``48 x 32 (3k + 8)`` nodes, 58,368 for ``k = 10``) they score candidates,
@@ -192,9 +195,10 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
     """
 
     kind = "hat"
-    policies = ("top_down", "greedy", "collapsed", "agent", "bfs", "dfs")
+    policies = ("collapsed", "top_down", "greedy", "agent", "bfs", "dfs")
     llm_policies = frozenset(TRAVERSALS)
-    default_policy: ClassVar[str] = "top_down"
+    default_policy: ClassVar[str] = "collapsed"
+    tree_policy: ClassVar[str | None] = "top_down"
     default_relevance: ClassVar[str] = "hybrid"
     #: saves made before these options existed retrieve as they did (``search_steps``: their
     #: ``max_steps``, see :meth:`stored_config`)
@@ -235,7 +239,7 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
         admissible: str = "leaves",
         greedy_hits: str = "leaves",
         fill: bool = True,
-        policy: str = "top_down",
+        policy: str = "collapsed",
         llm_policy: str = "agent",
         exact_search_max: int | None = 8192,
     ) -> None:

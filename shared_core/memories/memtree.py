@@ -82,13 +82,13 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
 
     **Retrieval.** Every node is scored with the memory's ``relevance`` (the base class's one relevance
     layer: ``"dense"`` cosine, ``"bm25"`` or ``"hybrid"``, each part divided by its maximum over the
-    nodes). ``top_down`` (default) then lets every summary pass its score down to the nodes below it
-    (SegTreeMem's relevance propagation, Algorithm 2, with each child inheriting its parent's whole
-    score: ``s = sum_{k<=H} alpha^k W^k s0 / sum alpha^k``) and returns the best ``admissible`` nodes —
-    message leaves by default, so the evidence is the messages themselves and a leaf ranks higher when
-    the topic summaries above it match the query too. ``collapsed`` (Sec. 3.2; App. A.3.5) ranks every
-    node by its own relevance, best first; with ``relevance="dense"`` it is the paper's collapsed
-    retrieval exactly: cosine of the query with every node, drop nodes below ``threshold``. Both keep at
+    nodes). ``collapsed`` (default; Sec. 3.2; App. A.3.5) ranks the ``admissible`` nodes by their own
+    relevance, best first — message leaves by default, so the evidence is the messages themselves; with
+    ``relevance="dense"`` it is the paper's collapsed retrieval: cosine of the query with every node, drop
+    nodes below ``threshold``. ``top_down`` first lets every summary pass its score down to the nodes below
+    it (SegTreeMem's relevance propagation, Algorithm 2, with each child inheriting its parent's whole
+    score: ``s = sum_{k<=H} alpha^k W^k s0 / sum alpha^k``), so a leaf ranks higher when the topic
+    summaries above it match the query too. Both keep at
     most ``k`` hits and at most ``max_context`` characters of returned text (a hit that would exceed the
     budget is skipped; later, shorter ones may still fit; repeated texts are returned once); the
     cosine ``threshold`` applies to ``collapsed`` and ``traversal`` with ``relevance="dense"`` only (a
@@ -101,13 +101,13 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     hybrid_weight=..., admissible=...)`` overrides them per call.
 
     **Departure from the paper, and why.** The paper ranks summaries and messages together by cosine
-    alone (``collapsed``, dense); with the embedded defaults (no LLM) that returns summaries that cost
-    the ``k`` budget without naming the evidence turns, and MiniLM alone misses names and dates. The
-    default is ``top_down`` over ``hybrid`` relevance with message leaves as the admissible set
-    (measurements: docs/evaluation.md, "MemTree: departures and settings, measured").
-    ``MemTree(relevance="dense", policy="collapsed")`` (what
-    :meth:`from_config` builds, and what saves made before these options load as) is the paper's
-    retrieval exactly.
+    alone (``collapsed``, dense, every node); with the embedded defaults (no LLM) that returns summaries
+    that cost the ``k`` budget without naming the evidence turns, and MiniLM alone misses names and dates.
+    The default is ``collapsed`` over ``hybrid`` relevance with message leaves as the admissible set;
+    ``top_down`` (propagation from the summaries) is not measurably better on the dev or the validate
+    split (docs/evaluation.md, "Validate, on this protocol", and "MemTree: departures and settings,
+    measured"). ``MemTree(relevance="dense", admissible="all")`` (what :meth:`from_config` builds, and
+    what saves made before these options load as) is the paper's retrieval exactly.
 
     **Departure: a bounded fan-out** (``branching``, default 256). The paper attaches every message that
     reaches no child's ``θ(d)`` under ``v``, so a node's fan-out has no bound: the root gathers a fixed
@@ -162,7 +162,8 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (SegTreeMem's default).
         admissible: what ``top_down`` and ``collapsed`` may return: ``"leaves"`` (messages, default) or
             ``"all"`` nodes (summaries too).
-        policy: default retrieval policy, ``"top_down"`` (default), ``"collapsed"`` or ``"traversal"``.
+        policy: default retrieval policy, ``"collapsed"`` (default), ``"top_down"`` or ``"traversal"``;
+            saves made while ``"top_down"`` was the default keep it.
         branching: the most children a node takes before new messages are sent down into its most
             similar child, an int >= 2, default 256; ``None`` = no bound (the paper's rule).
         reembed_cosine: a rewritten summary is embedded when the cosine of its composed vector with its
@@ -172,7 +173,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
             their ancestors and the descendants that could rank (as SegTreeMem; docs/performance.md,
             "Retrieval past a size"). ``None``: every node at any size (and saves made before the option).
 
-    Policies: ``top_down`` (default), ``collapsed``, ``traversal``.
+    Policies: ``collapsed`` (default), ``top_down``, ``traversal``.
 
     Raises:
         InvalidInputError: a parameter out of range (the message names the accepted values).
@@ -185,8 +186,9 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
 
     kind = "memtree"
     prefetch_messages = True
-    policies = ("top_down", "collapsed", "traversal")
-    default_policy = "top_down"
+    policies = ("collapsed", "top_down", "traversal")
+    default_policy = "collapsed"
+    tree_policy: ClassVar[str | None] = "top_down"
     default_relevance = "hybrid"
     default_annotation_vectors: ClassVar[str] = "embedded"
     legacy_config = {  # saves made before these options existed retrieve as they did
@@ -223,7 +225,7 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
         alpha: float = 0.1,
         horizon: int = 2,
         admissible: str = "leaves",
-        policy: str = "top_down",
+        policy: str = "collapsed",
         branching: int | None = 256,
         reembed_cosine: float | None = 0.95,
         exact_search_max: int | None = 8192,

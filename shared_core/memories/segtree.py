@@ -131,12 +131,20 @@ class SegTreeMem(HierarchicalMemory):
             finds the nearest nodes; their scores are normalised over the scored nodes. ``None``: every node
             at any size (and saves made before the option).
 
-    Policies: ``collapsed`` (H = 0), ``top_down`` (parent to children), ``bottom_up`` (child to parent).
+        policy: the default retrieval policy: ``"collapsed"`` (default; Algorithm 2 with ``H = 0``: the
+            ``admissible`` nodes ranked by their own relevance), ``"top_down"`` (Algorithm 2: relevance
+            propagated from the annotations down to the nodes below them, the paper's retrieval and the
+            value of saves made before this option) or ``"bottom_up"``. ``collapsed`` is the default
+            because propagation's share of recall is not measurably above 0 on the dev or the validate
+            split (docs/evaluation.md, "Validate, on this protocol").
+
+    Policies: ``collapsed`` (H = 0, default), ``top_down`` (parent to children), ``bottom_up`` (child to
+    parent).
 
     Raises:
         InvalidInputError: a parameter out of range (e.g. ``branching`` or ``max_children`` not ``None``
             or an int >= 2).
-        UnknownPolicyError: an unknown ``compat``, ``relevance`` or ``admissible``.
+        UnknownPolicyError: an unknown ``compat``, ``relevance``, ``admissible`` or ``policy``.
         LLMRequiredError: an LLM compatibility model without ``llm``.
 
     References:
@@ -147,16 +155,19 @@ class SegTreeMem(HierarchicalMemory):
 
     kind = "segtree"
     policies = ("collapsed", "top_down", "bottom_up")
-    default_policy = "top_down"
+    default_policy = "collapsed"
+    tree_policy: ClassVar[str | None] = "top_down"
     contiguous_spans = True
     prefetch_messages = True
-    #: saves made before ``branching`` existed put every dissimilar utterance under a new root, and those
-    #: made before ``max_children`` existed bound no segment
+    #: saves made before ``branching`` existed put every dissimilar utterance under a new root, those
+    #: made before ``max_children`` existed bound no segment, and those made before ``policy`` existed
+    #: retrieve with ``top_down``
     default_annotation_vectors: ClassVar[str] = "embedded"
     legacy_config: ClassVar[dict[str, Any]] = {
         "branching": None,
         "max_children": None,
         "exact_search_max": None,
+        "policy": "top_down",
     }
 
     def __init__(
@@ -184,7 +195,9 @@ class SegTreeMem(HierarchicalMemory):
         segment_depth: int = 1,
         neighbours: int = 0,
         exact_search_max: int | None = 8192,
+        policy: str = "collapsed",
     ) -> None:
+        self.default_policy = check_choice(policy, self.policies, "policy")  # type: ignore[misc]
         if compat not in COMPAT_MODELS:
             raise UnknownPolicyError(f"compat must be one of {COMPAT_MODELS}, got {compat!r}.")
         if compat != "cosine" and llm is None:
@@ -265,6 +278,7 @@ class SegTreeMem(HierarchicalMemory):
             "segment_depth": self.segment_depth,
             "neighbours": self.neighbours,
             "exact_search_max": self.exact_search_max,
+            "policy": self.default_policy,
         }
 
     def _get_state(self) -> dict[str, Any]:
@@ -600,11 +614,9 @@ class SegTreeMem(HierarchicalMemory):
         if policy not in self.policies:
             raise UnknownPolicyError(f"SegTreeMem has no policy {policy!r}; choose one of {self.policies}.")
         alpha = self.alpha if alpha is None else self._check_alpha(alpha)
-        horizon = (
-            0
-            if policy == "collapsed"
-            else (self.horizon if horizon is None else self._check_horizon(horizon))
-        )
+        horizon = self.horizon if horizon is None else self._check_horizon(horizon)
+        if policy == "collapsed":  # H = 0; a bad horizon is still refused
+            horizon = 0
         with self._lock:
             ids, r = self.relevance(query, relevance, hybrid_weight, qvec=qvec[0] if qvec else None)
             if len(ids) == 0:
@@ -682,7 +694,8 @@ class SegTreeMem(HierarchicalMemory):
         if kind == "bm25" or self._index is None:
             return None
         a = self.alpha if alpha is None else self._check_alpha(alpha)
-        h = 0 if policy == "collapsed" else self.horizon if horizon is None else self._check_horizon(horizon)
+        h = self.horizon if horizon is None else self._check_horizon(horizon)
+        h = 0 if policy == "collapsed" else h
         w = self.hybrid_weight if hybrid_weight is None else check_weight(hybrid_weight)
         copies = admissible == "all"
 

@@ -219,6 +219,7 @@ class XMemory(_XMemoryForgetting, _XMemoryRetrieval):
     kind = "xmemory"
     policies = ("top_down", "adaptive", "representative", "collapsed")
     default_policy = "top_down"
+    tree_policy: ClassVar[str | None] = "top_down"
     default_relevance = "hybrid"
     contiguous_spans = False
     default_k: ClassVar[int] = 10

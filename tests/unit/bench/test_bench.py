@@ -85,7 +85,7 @@ def test_flat_search_timings_find_the_true_top_k():
 
 def test_bench_memory_small_run_schema_and_counts():
     r = B.bench_memory("memtree", [60, 120], window=20, queries=4, seed=1)
-    assert r["kind"] == "memtree" and r["policies"] == ["top_down", "collapsed", "traversal"]
+    assert r["kind"] == "memtree" and r["policies"] == ["collapsed", "top_down", "traversal"]
     assert [s["leaves"] for s in r["sizes"]] == [60, 120]
     for s in r["sizes"]:
         assert s["insert"]["measured"] == 20

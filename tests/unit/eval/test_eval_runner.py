@@ -114,15 +114,24 @@ def test_reference_specs_and_added_methods():
     with pytest.raises(UnknownPolicyError):
         R.reference_spec("sparse")
     seg = R.parse_methods("segtree:collapsed")[0]
-    assert R.memory_facts(seg) == {"default_policy": "top_down", "relevance": "hybrid", "hybrid_weight": 0.5}
+    assert R.memory_facts(seg) == {
+        "default_policy": "collapsed",
+        "tree_policy": "top_down",
+        "relevance": "hybrid",
+        "hybrid_weight": 0.5,
+    }
+    prop = R.parse_methods("segtree[policy=top_down]:collapsed")[0]
+    assert R.memory_facts(prop)["default_policy"] == R.memory_facts(prop)["tree_policy"] == "top_down"
     seg_dense = R.parse_methods("segtree[relevance=dense]:collapsed")[0]
     assert R.memory_facts(seg_dense)["relevance"] == "dense"
     hat = R.parse_methods("hat:greedy")[0]
-    assert R.memory_facts(hat)["default_policy"] == "top_down"
+    assert R.memory_facts(hat)["default_policy"] == "collapsed"
+    assert R.memory_facts(hat)["tree_policy"] == "top_down"
     assert R.memory_facts(hat, memory_llm=True)["default_policy"] == "agent"
     with pytest.raises(InvalidInputError):
         R.memory_facts(R.parse_methods("bm25")[0])
-    # the default and collapsed policies go after the build's methods, the flat reference at the end, once
+    # the default, tree and collapsed policies go after the build's methods, the flat reference at the
+    # end, once
     specs = R.with_references(R.parse_methods("segtree:collapsed,bm25,segtree[hybrid_weight=0.3]:top_down"))
     assert [s.name for s in specs] == [
         "segtree:collapsed",
@@ -140,11 +149,8 @@ def test_reference_specs_and_added_methods():
     expected, refs = [], []
     for s in specs[:2]:
         facts = R.memory_facts(s)
-        expected += [s.name] + (
-            [f"{s.build}:{facts['default_policy']}"] if facts["default_policy"] != s.policy else []
-        )
-        if "collapsed" not in (s.policy, facts["default_policy"]):
-            expected.append(f"{s.build}:collapsed")
+        names = [s.policy, facts["default_policy"], facts["tree_policy"], "collapsed"]
+        expected += [f"{s.build}:{p}" for p in dict.fromkeys(names)]
         ref = R.reference_spec(facts["relevance"], facts["hybrid_weight"]).name
         if ref != "fusion" and ref not in refs:
             refs.append(ref)
@@ -229,6 +235,27 @@ def test_compare_methods_by_hand():
     assert hat_d1["margin_over_best_flat"] == pytest.approx(0.30 - 0.65)
     assert "note" not in seg and "note" not in hat
     assert comp["fusion_weights"] is None  # one fusion weight: no sweep
+    assert (seg["tree"], seg["tree_policy"]) == ("segtree:top_down", "top_down")  # none named: the default
+
+    # a default that is not the tree policy: the margin is the default's, the tree share the tree
+    # policy's against collapsed, whatever the default
+    facts2 = {"segtree": {**facts["segtree"], "default_policy": "collapsed", "tree_policy": "top_down"}}
+    seg2 = R.compare_methods(methods, facts2)["memories"]["segtree"]
+    assert (seg2["default"], seg2["tree"], seg2["collapsed"]) == (
+        "segtree:collapsed",
+        "segtree:top_down",
+        "segtree:collapsed",
+    )
+    c2 = seg2["by_dataset"]["d1"]["evidence_recall"]
+    assert (c2["default"], c2["tree"], c2["collapsed"]) == (0.80, 0.70, 0.80)
+    assert c2["margin_over_best_flat"] == pytest.approx(0.80 - 0.65)
+    assert c2["tree_share"] == pytest.approx(0.70 - 0.80)
+    assert c2["corpus_share"] == pytest.approx(0.80 - 0.60)
+    facts3 = {"segtree": {**facts2["segtree"], "tree_policy": "bottom_up"}}  # never evaluated
+    seg3 = R.compare_methods(methods, facts3)["memories"]["segtree"]
+    assert seg3["overall"]["evidence_recall"]["tree_share"] is None
+    assert "segtree:bottom_up was not evaluated" in seg3["note"]
+    assert seg3["overall"]["evidence_recall"]["margin_over_best_flat"] is not None
 
     # a missing reference or default leaves the shares that need it undefined, with a note
     del methods["fusion"]
@@ -256,12 +283,12 @@ def test_compare_methods_by_hand():
     assert "| bm25 | **0.650** | **0.750** | — | **0.450** |" in md  # subtree recall: reported, never bold
     assert "| bm25_unstemmed | 0.950 |" in md  # reported, never marked
     assert (
-        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.700 | bm25 0.650 | +0.050 | 0.800 | "
-        "-0.100 | fusion 0.600 | +0.200 |" in md
+        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.700 | bm25 0.650 | +0.050 | "
+        "top_down 0.700 | 0.800 | -0.100 | fusion 0.600 | +0.200 |" in md
     )
     assert (
-        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.600 | fusion 0.510 | +0.090 | 0.600 | "
-        "+0.000 | fusion 0.510 | +0.090 |" in md
+        "| segtree:top_down | hybrid, w = 0.5 | evidence recall@10 | 0.600 | fusion 0.510 | +0.090 | "
+        "top_down 0.600 | 0.600 | +0.000 | fusion 0.510 | +0.090 |" in md
     )
 
 
@@ -466,13 +493,13 @@ def test_three_numbers_in_results_json_are_differences_of_the_rows(tmp_path):
     )
     doc = json.loads((out / "results.json").read_text())
     names = [m["name"] for m in doc["config"]["methods"]]
-    # added for the comparison: each memory's default and collapsed policies and its flat reference
+    # added for the comparison: each memory's default, tree and collapsed policies and its flat reference
     assert names[:6] == [
         "segtree[relevance=bm25]:collapsed",
         "segtree[relevance=bm25]:top_down",
         "segtree[relevance=dense]:bottom_up",
-        "segtree[relevance=dense]:top_down",
         "segtree[relevance=dense]:collapsed",
+        "segtree[relevance=dense]:top_down",
         "flat_dense",
     ]
     assert "bm25" in names[6:] and "xmemory:collapsed" in names
@@ -507,11 +534,13 @@ def test_three_numbers_in_results_json_are_differences_of_the_rows(tmp_path):
                         if scope is None
                         else doc["methods"][n]["by_dataset"][scope]["overall"]
                     )
-                    for n in (m["default"], m["collapsed"], m["reference"], *flats)
+                    for n in (m["default"], m["tree"], m["collapsed"], m["reference"], *flats)
                 }
-                d, col, r = (rows[n][metric] for n in (m["default"], m["collapsed"], m["reference"]))
-                assert (c["default"], c["collapsed"], c["reference"]) == (d, col, r)
-                assert c["tree_share"] == pytest.approx(d - col, abs=1e-12)
+                d, t, col, r = (
+                    rows[n][metric] for n in (m["default"], m["tree"], m["collapsed"], m["reference"])
+                )
+                assert (c["default"], c["tree"], c["collapsed"], c["reference"]) == (d, t, col, r)
+                assert c["tree_share"] == pytest.approx(t - col, abs=1e-12)
                 assert c["corpus_share"] == pytest.approx(col - r, abs=1e-12)
                 best = max(rows[n][metric] for n in flats)
                 assert c["best_flat"] == best
@@ -519,7 +548,7 @@ def test_three_numbers_in_results_json_are_differences_of_the_rows(tmp_path):
                 # each interval: the bootstrap recomputed from queries.jsonl with numpy
                 for key, (a, b) in {
                     "margin_over_best_flat": (m["default"], c["best_flat_method"]),
-                    "tree_share": (m["default"], m["collapsed"]),
+                    "tree_share": (m["tree"], m["collapsed"]),
                     "corpus_share": (m["collapsed"], m["reference"]),
                 }.items():
                     ra = [x for x in per[a] if scope is None or x["dataset"] == scope]
@@ -535,7 +564,7 @@ def test_three_numbers_in_results_json_are_differences_of_the_rows(tmp_path):
                     assert c["ci95"][key] == pytest.approx([lo, hi], abs=1e-12)
                     assert float(np.mean(diff)) == pytest.approx(c[key], abs=1e-12)
                 n_cells += 1
-                values.extend([d, col, r])
+                values.extend([d, t, col, r])
     assert n_cells == 3 * 3 * 3  # three memories, overall + two datasets, three metrics
     # not vacuous: the rows compared hold values (the arithmetic itself is worked by hand in
     # test_compare_methods_by_hand, where the shares are non-zero)
@@ -543,7 +572,7 @@ def test_three_numbers_in_results_json_are_differences_of_the_rows(tmp_path):
     assert set(mems["segtree[relevance=dense]"]["by_dataset"]) == {"one", "two"}
     md = (out / "results.md").read_text()
     assert "Memories against the flat baselines (one)" in md and "(all queries pooled)" in md
-    assert "| segtree[relevance=dense]:top_down | dense | evidence recall@1 |" in md
+    assert "| segtree[relevance=dense]:collapsed | dense | evidence recall@1 |" in md
     assert "95% paired bootstrap intervals (500 resamples of the questions, seed 0" in md
     assert doc["files"]["queries"] == "queries.jsonl"
 

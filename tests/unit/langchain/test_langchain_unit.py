@@ -267,7 +267,7 @@ def test_retriever_documents_carry_hit_fields(filled):
     assert d.metadata["span"] == [2, 2] and isinstance(d.metadata["span"], list)
     assert (d.metadata["depth"], d.metadata["node_id"], d.metadata["is_leaf"]) == (h.depth, h.node_id, True)
     assert d.metadata["source_ids"] == [] and d.metadata["kind"] == "segtree"
-    assert d.metadata["policy"] == "top_down"  # the memory's default
+    assert d.metadata["policy"] == "collapsed"  # the memory's default
     assert d.id == str(h.node_id)  # a leaf without a source id: the node id
 
 

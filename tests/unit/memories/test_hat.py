@@ -371,7 +371,9 @@ def test_constructor_and_policy_errors():
     with pytest.raises(UnknownPolicyError):
         HAT(HashEmbedder(), unit="paragraph")
     mem = make(3)
-    assert mem.default_policy == "top_down" and HAT.default_policy == "top_down"
+    assert mem.default_policy == "collapsed" and HAT.default_policy == "collapsed"
+    assert HAT.tree_policy == "top_down"
+    assert HAT(HashEmbedder(), policy="top_down").default_policy == "top_down"
     assert mem.relevance_kind == "hybrid" and mem.admissible == "leaves" and mem.fill is True
     for policy in ("agent", "bfs", "dfs"):
         with pytest.raises(LLMRequiredError):
@@ -636,7 +638,7 @@ def test_top_down_and_collapsed_by_hand():
     parent = {a: p0, b: p0, c: p1, d: p1}
     want = {n: (r[n] + 0.5 * r[parent[n]]) / total / 1.5 for n in (a, b, c, d)}
 
-    hits = mem.retrieve("dog cat", k=4)  # default: top_down, message leaves
+    hits = mem.retrieve("dog cat", k=4, policy="top_down")  # message leaves
     assert [h.node_id for h in hits] == [c, d, a, b]
     for h in hits:
         assert h.score == pytest.approx(want[h.node_id], rel=1e-5)
@@ -644,6 +646,7 @@ def test_top_down_and_collapsed_by_hand():
         assert h.metadata["path"] == [root, parent[h.node_id]]
     flat = mem.retrieve("dog cat", k=3, policy="collapsed")  # own relevance only: ties by node id
     assert [h.node_id for h in flat] == [a, c, d]
+    assert mem.retrieve("dog cat", k=3) == flat  # the default policy
     assert [h.score for h in flat] == pytest.approx([0.5, 0.5, 0.5], abs=1e-6)
     every = mem.retrieve("dog cat", k=2, policy="collapsed", admissible="all")
     assert [h.node_id for h in every] == [p1, root] and every[0].metadata["path"] == [root]
@@ -700,12 +703,14 @@ def test_collapsed_with_local_embedder(local_hat):
     hits = local_hat.retrieve("Which instrument do I play?", policy="collapsed", k=3)
     assert "violin" in hits[0].text and hits[0].is_leaf
     assert len(hits) == 3 and hits[0].score >= hits[1].score >= hits[2].score
-    default = local_hat.retrieve("Which instrument do I play?")  # default policy without an LLM: top_down
-    assert default[0].metadata["policy"] == "top_down" and "violin" in default[0].text
+    default = local_hat.retrieve("Which instrument do I play?")  # default policy without an LLM: collapsed
+    assert default[0].metadata["policy"] == "collapsed" and default[:3] == hits
     # k = 10 over 8 messages: every message first, then the best two summaries, with their paths
-    assert len(default) == 10 and [h.is_leaf for h in default] == [True] * 8 + [False] * 2
-    for h in default:
-        check_path(local_hat, h)
+    for got in (default, local_hat.retrieve("Which instrument do I play?", policy="top_down")):
+        assert "violin" in got[0].text
+        assert len(got) == 10 and [h.is_leaf for h in got] == [True] * 8 + [False] * 2
+        for h in got:
+            check_path(local_hat, h)
 
 
 def test_empty_memory():
@@ -955,4 +960,7 @@ def test_a_save_of_the_first_version_loads_with_its_behaviour(tmp_path):
     assert HAT.load(path, embedder=WordEmbedder()).search_steps == 3
     new = HAT.load(_word_tree().save(tmp_path / "new"), embedder=WordEmbedder())
     assert new._config() == HAT(WordEmbedder(), M=3)._config()  # a new save keeps its own settings
-    assert new.search_steps is None and new.default_policy == "top_down"
+    assert new.search_steps is None and new.default_policy == "collapsed"
+    data["config"] = {**new._config(), "policy": "top_down"}  # a save made while top_down was the default
+    doc.write_text(json.dumps(data), encoding="utf-8")
+    assert HAT.load(path, embedder=WordEmbedder()).default_policy == "top_down"

@@ -561,7 +561,7 @@ def test_hybrid_relevance_finds_words_the_embedder_does_not_know():
 def test_defaults_options_and_bad_values():
     mem = MemTree(KeywordEmbedder())
     assert (mem.default_policy, mem.relevance_kind, mem.admissible, mem.alpha, mem.horizon) == (
-        "top_down",
+        "collapsed",
         "hybrid",
         "leaves",
         0.1,
@@ -575,7 +575,7 @@ def test_defaults_options_and_bad_values():
         (
             {"policy": "greedy"},
             UnknownPolicyError,
-            "policy must be one of 'top_down', 'collapsed', 'traversal'",
+            "policy must be one of 'collapsed', 'top_down', 'traversal'",
         ),
         ({"alpha": 1.0}, InvalidInputError, "alpha"),
         ({"horizon": -1}, InvalidInputError, "horizon"),

@@ -1407,3 +1407,35 @@ def test_bm25_and_hybrid_relevance():
     assert mem._store.nodes[best].is_leaf and "Luna" in mem._store.nodes[best].text
     hits = mem.retrieve("Luna topic1", k=1, policy="collapsed")  # default: hybrid
     assert "Luna" in hits[0].text
+
+
+def test_policy_option_default_errors_and_saves(tmp_path):
+    texts = ["topic1 a.", "topic1 b.", "topic2 c.", "topic2 d.", "topic1 e."]
+    mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", alpha=0.5)
+    mem.add(texts)
+    assert (mem.default_policy, SegTreeMem.default_policy, SegTreeMem.tree_policy) == (
+        "collapsed",
+        "collapsed",
+        "top_down",
+    )
+    assert mem.retrieve("topic2", k=5) == mem.retrieve("topic2", k=5, policy="collapsed")
+    prop = SegTreeMem(embedder=TopicEmbedder(), relevance="dense", alpha=0.5, policy="top_down")
+    prop.add(texts)
+    assert prop.retrieve("topic2", k=5) == prop.retrieve("topic2", k=5, policy="top_down")
+    assert [h.metadata["policy"] for h in prop.retrieve("topic2", k=2)] == ["top_down"] * 2
+    assert mem.retrieve("topic2", k=5) != prop.retrieve("topic2", k=5)  # the two policies score apart
+    for bad in ("greedy", "TOP_DOWN", "", None, 3):
+        with pytest.raises(UnknownPolicyError, match="policy"):
+            SegTreeMem(embedder=TopicEmbedder(), policy=bad)
+    # a save keeps its policy; a save made before the option retrieves with top_down, as it did
+    prop.save(tmp_path / "p")
+    assert SegTreeMem.load(tmp_path / "p", embedder=TopicEmbedder()).default_policy == "top_down"
+    mem.save(tmp_path / "c")
+    assert SegTreeMem.load(tmp_path / "c", embedder=TopicEmbedder()).default_policy == "collapsed"
+    snap = tmp_path / "c" / (tmp_path / "c" / "CURRENT").read_text().strip()
+    data = json.loads((snap / "memory.json").read_text())
+    del data["config"]["policy"]
+    (snap / "memory.json").write_text(json.dumps(data))
+    old = SegTreeMem.load(tmp_path / "c", embedder=TopicEmbedder())
+    assert old.default_policy == "top_down"
+    assert old.retrieve("topic2", k=5) == old.retrieve("topic2", k=5, policy="top_down")

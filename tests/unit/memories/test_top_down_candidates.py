@@ -38,12 +38,12 @@ class ExactNearest:
 
 def _build(kind: str, n: int = 240):
     emb = BowEmbedder()
-    if kind == "segtree":
-        mem = SegTreeMem(embedder=emb, max_children=8)
+    if kind == "segtree":  # top_down is the policy under test; collapsed is drawn below too
+        mem = SegTreeMem(embedder=emb, max_children=8, policy="top_down")
     elif kind == "memtree":
-        mem = MemTree(embedder=emb)
+        mem = MemTree(embedder=emb, policy="top_down")
     else:
-        mem = HAT(embedder=emb)
+        mem = HAT(embedder=emb, policy="top_down")
     msgs = _messages(n, seed=5)
     for i in range(0, n, 8):
         mem.add(msgs[i : i + 8])
@@ -164,7 +164,7 @@ def test_other_settings_score_every_node(built, monkeypatch):
 
 
 def test_segtree_share_weights_score_every_node(monkeypatch):
-    mem = SegTreeMem(embedder=BowEmbedder(), top_down_weights="share")
+    mem = SegTreeMem(embedder=BowEmbedder(), top_down_weights="share", policy="top_down")
     mem.add(_messages(120, seed=2))
     _forced(mem, monkeypatch)
     mem.retrieve("bees honey", k=3)
@@ -224,7 +224,7 @@ class TaggedSummarizer:
 def test_leaves_that_inherit_their_score_are_found_below_candidates(kind, alpha, monkeypatch):
     emb = BowEmbedder()
     cls = {"segtree": SegTreeMem, "memtree": MemTree, "hat": HAT}[kind]
-    mem = cls(embedder=emb, summarizer=TaggedSummarizer(), exact_search_max=16)
+    mem = cls(embedder=emb, summarizer=TaggedSummarizer(), exact_search_max=16, policy="top_down")
     mem.add(_messages(160, seed=9))
     _forced(mem, monkeypatch)
     taken = 0
