@@ -138,8 +138,9 @@ class HierMemStore(TTLMixin, BaseStore):
 
     Items are kept as key -> value dicts per namespace (``get``, listing, filters) and the text of each
     item is added to that namespace's memory as a message whose source id is the key, so
-    ``search(namespace, query=...)`` is a hierarchical-memory retrieval (e.g. SegTreeMem's relevance
-    propagation). Namespaces never share a memory.
+    ``search(namespace, query=...)`` is a hierarchical-memory retrieval with the memory's policy (e.g.
+    SegTreeMem's ``collapsed``, or ``policy="top_down"``: relevance propagated through the tree).
+    Namespaces never share a memory.
 
     Text of an item: the ``index`` fields of the put (LangGraph path syntax: ``"memory"``,
     ``"a.b"``, ``"list[*].text"``, ``"$"`` = the whole value as JSON), else the store's ``fields``, else
@@ -183,7 +184,7 @@ class HierMemStore(TTLMixin, BaseStore):
             kept (a copy) as :attr:`index_config`, ``None`` without it.
         score: what ``SearchItem.score`` of a query search holds: ``"similarity"`` (default; the cosine
             of the query and the item's text, in ``[-1, 1]``, as LangGraph's stores) or ``"relevance"``
-            (the memory's score of the item's best hit, e.g. SegTreeMem's propagated relevance).
+            (the memory's score of the item's best hit, e.g. SegTreeMem's hybrid relevance).
         ttl: LangGraph's ``TTLConfig`` (``default_ttl`` minutes, ``refresh_on_read``, ``omit_expired``,
             ``sweep_interval_minutes``), default ``None``: items expire only when a put gives ``ttl=``;
             see :mod:`langchain_hiermem.store_ttl` (kept, a copy, as :attr:`ttl_config`).
