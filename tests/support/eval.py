@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shared_core.eval.data import Conversation
+from shared_core.eval.data import Conversation, Query
+from shared_core.types import Message
 
 
 class BowEmbedder:
@@ -62,3 +63,33 @@ def write_jsonl(path: Path, conv: Conversation) -> Path:
             )
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
     return path
+
+
+def tiny_conversation(skipped_evidence: int = 0, meta: dict | None = None) -> Conversation:
+    """Two sessions about fruit and travel; three queries asked online (two mid-way, one at the end);
+    ``skipped_evidence`` and ``meta`` (default ``{"source": "jsonl"}``) as a loader reports them."""
+    s1 = ["I love bananas and mangoes.", "My sister grows apples in Kent.", "We made banana bread today."]
+    s2 = [
+        "Next month I fly to Lisbon.",
+        "The flight to Lisbon leaves at nine.",
+        "I booked a hotel by the sea.",
+    ]
+    msgs = [
+        Message(t, speaker="Ann", id=f"D1:{i + 1}", timestamp="1 May 2023", metadata={"session": 1})
+        for i, t in enumerate(s1)
+    ] + [
+        Message(t, speaker="Ann", id=f"D2:{i + 1}", timestamp="9 May 2023", metadata={"session": 2})
+        for i, t in enumerate(s2)
+    ]
+    queries = [
+        Query("Who grows apples?", "her sister", ["D1:2"], 4, position=3, id="q0"),
+        Query("Where does Ann fly next month?", "Lisbon", ["D2:1", "D2:2"], 1, position=6, id="q1"),
+        Query("What did they bake?", "banana bread", ["D1:3"], 4, position=6, id="q2"),
+    ]
+    return Conversation(
+        "tiny",
+        msgs,
+        queries,
+        skipped_evidence=skipped_evidence,
+        meta={"source": "jsonl"} if meta is None else meta,
+    )

@@ -10,32 +10,8 @@ import pytest
 from shared_core.eval import metrics as M
 from shared_core.eval import protocol as P
 from shared_core.eval import runner as R
-from shared_core.eval.data import Conversation, Query
 from shared_core.types import Hit, InvalidInputError, Message
-from tests.support.eval import BowEmbedder, write_jsonl
-
-
-def tiny_conversation() -> Conversation:
-    """Two sessions about fruit and travel; three queries asked online (two mid-way, one at the end)."""
-    s1 = ["I love bananas and mangoes.", "My sister grows apples in Kent.", "We made banana bread today."]
-    s2 = [
-        "Next month I fly to Lisbon.",
-        "The flight to Lisbon leaves at nine.",
-        "I booked a hotel by the sea.",
-    ]
-    msgs = [
-        Message(t, speaker="Ann", id=f"D1:{i + 1}", timestamp="1 May 2023", metadata={"session": 1})
-        for i, t in enumerate(s1)
-    ] + [
-        Message(t, speaker="Ann", id=f"D2:{i + 1}", timestamp="9 May 2023", metadata={"session": 2})
-        for i, t in enumerate(s2)
-    ]
-    queries = [
-        Query("Who grows apples?", "her sister", ["D1:2"], 4, position=3, id="q0"),
-        Query("Where does Ann fly next month?", "Lisbon", ["D2:1", "D2:2"], 1, position=6, id="q1"),
-        Query("What did they bake?", "banana bread", ["D1:3"], 4, position=6, id="q2"),
-    ]
-    return Conversation("tiny", msgs, queries, meta={"source": "jsonl"})
+from tests.support.eval import BowEmbedder, tiny_conversation, write_jsonl
 
 
 def _agg(values: dict[str, float], kind: str, build: str | None = None) -> dict:

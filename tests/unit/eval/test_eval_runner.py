@@ -22,34 +22,15 @@ from shared_core.eval.metrics import rouge_l_recall
 from shared_core.eval.report import markdown_table
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import eval as P
-from shared_core.types import InvalidInputError, LLMRequiredError, Message, UnknownPolicyError
+from shared_core.types import InvalidInputError, LLMRequiredError, UnknownPolicyError
+from tests.support import eval as support_eval
 from tests.support.eval import BowEmbedder, write_jsonl
 from tests.support.openai_server import openai_server  # noqa: F401
 
 
 def tiny_conversation() -> Conversation:
-    """Two sessions about fruit and travel; three queries asked online (two mid-way, one at the end)."""
-    s1 = ["I love bananas and mangoes.", "My sister grows apples in Kent.", "We made banana bread today."]
-    s2 = [
-        "Next month I fly to Lisbon.",
-        "The flight to Lisbon leaves at nine.",
-        "I booked a hotel by the sea.",
-    ]
-    msgs = [
-        Message(t, speaker="Ann", id=f"D1:{i + 1}", timestamp="1 May 2023", metadata={"session": 1})
-        for i, t in enumerate(s1)
-    ] + [
-        Message(t, speaker="Ann", id=f"D2:{i + 1}", timestamp="9 May 2023", metadata={"session": 2})
-        for i, t in enumerate(s2)
-    ]
-    queries = [
-        Query("Who grows apples?", "her sister", ["D1:2"], 4, position=3, id="q0"),
-        Query("Where does Ann fly next month?", "Lisbon", ["D2:1", "D2:2"], 1, position=6, id="q1"),
-        Query("What did they bake?", "banana bread", ["D1:3"], 4, position=6, id="q2"),
-    ]
-    return Conversation(
-        "tiny", msgs, queries, skipped_evidence=2, meta={"source": "jsonl", "skipped_queries": 1}
-    )
+    """The support conversation, as a loader reports one that dropped a query and two evidence ids."""
+    return support_eval.tiny_conversation(skipped_evidence=2, meta={"source": "jsonl", "skipped_queries": 1})
 
 
 # --------------------------------------------------------------------------- method specs
