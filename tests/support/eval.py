@@ -93,3 +93,19 @@ def tiny_conversation(skipped_evidence: int = 0, meta: dict | None = None) -> Co
         skipped_evidence=skipped_evidence,
         meta={"source": "jsonl"} if meta is None else meta,
     )
+
+
+def aggregate_of(values: dict[str, float], kind: str, build: str | None = None) -> dict:
+    """A per-method aggregate whose every compared metric takes the given per-dataset values."""
+    shifts = (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
+    by_ds = {
+        lab: {"overall": {m: v + d for m, d in shifts}, "by_category": {}, "construction": {}}
+        for lab, v in values.items()
+    }
+    pooled = float(np.mean(list(values.values())))
+    return {
+        "build": build or kind,
+        "kind": kind,
+        "overall": {m: pooled + d for m, d in shifts},
+        "by_dataset": by_ds,
+    }

@@ -4,44 +4,27 @@ texts for every method alike. Hand-worked tiny cases."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from shared_core.eval import metrics as M
 from shared_core.eval import protocol as P
 from shared_core.eval import runner as R
 from shared_core.types import Hit, InvalidInputError, Message
-from tests.support.eval import BowEmbedder, tiny_conversation, write_jsonl
-
-
-def _agg(values: dict[str, float], kind: str, build: str | None = None) -> dict:
-    """A per-method aggregate whose every compared metric takes the given per-dataset values."""
-    shifts = (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
-    by_ds = {
-        lab: {"overall": {m: v + d for m, d in shifts}, "by_category": {}, "construction": {}}
-        for lab, v in values.items()
-    }
-    pooled = float(np.mean(list(values.values())))
-    return {
-        "build": build or kind,
-        "kind": kind,
-        "overall": {m: pooled + d for m, d in shifts},
-        "by_dataset": by_ds,
-    }
+from tests.support.eval import BowEmbedder, aggregate_of, tiny_conversation, write_jsonl
 
 
 # --------------------------------------------------------------------------- (a) dev-chosen fusion weight
 def _fusion(values: dict[str, float], weight: float | None) -> dict:
-    a = _agg(values, "fusion", "fusion" if weight is None else f"fusion[hybrid_weight={weight}]")
+    a = aggregate_of(values, "fusion", "fusion" if weight is None else f"fusion[hybrid_weight={weight}]")
     a["params"] = {} if weight is None else {"hybrid_weight": weight}
     return a
 
 
 def _methods() -> dict:
     return {
-        "segtree:top_down": _agg({"d": 0.62}, "segtree", "segtree"),
-        "segtree:collapsed": _agg({"d": 0.60}, "segtree", "segtree"),
-        "bm25": _agg({"d": 0.50}, "bm25"),
+        "segtree:top_down": aggregate_of({"d": 0.62}, "segtree", "segtree"),
+        "segtree:collapsed": aggregate_of({"d": 0.60}, "segtree", "segtree"),
+        "bm25": aggregate_of({"d": 0.50}, "bm25"),
         "fusion": _fusion({"d": 0.58}, None),  # w = 0.5
         "fusion[hybrid_weight=0.4]": _fusion({"d": 0.55}, 0.4),
         "fusion[hybrid_weight=0.7]": _fusion({"d": 0.64}, 0.7),  # best here, but not the dev choice

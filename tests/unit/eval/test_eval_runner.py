@@ -24,7 +24,7 @@ from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import eval as P
 from shared_core.types import InvalidInputError, LLMRequiredError, UnknownPolicyError
 from tests.support import eval as support_eval
-from tests.support.eval import BowEmbedder, write_jsonl
+from tests.support.eval import BowEmbedder, aggregate_of, write_jsonl
 from tests.support.openai_server import openai_server  # noqa: F401
 
 
@@ -139,38 +139,17 @@ def test_reference_specs_and_added_methods():
     assert R.with_references(R.parse_methods("baselines")) == R.parse_methods("baselines")
 
 
-def _agg(values: dict[str, float], kind: str, build: str | None = None) -> dict:
-    """A per-method aggregate whose every compared metric takes the given per-dataset values."""
-    by_ds = {
-        lab: {
-            "overall": {
-                m: v + d
-                for m, d in (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
-            },
-            "by_category": {},
-            "construction": {},
-        }
-        for lab, v in values.items()
-    }
-    pooled = float(np.mean(list(values.values())))
-    overall = {
-        m: pooled + d
-        for m, d in (("evidence_recall", 0.0), ("span_recall", 0.1), ("answer_token_recall", -0.2))
-    }
-    return {"build": build or kind, "kind": kind, "overall": overall, "by_dataset": by_ds}
-
-
 def test_compare_methods_by_hand():
     methods = {
-        "segtree:collapsed": _agg({"d1": 0.80, "d2": 0.40}, "segtree", "segtree"),
-        "segtree:top_down": _agg({"d1": 0.70, "d2": 0.50}, "segtree", "segtree"),
-        "hat:greedy": _agg({"d1": 0.30, "d2": 0.20}, "hat", "hat"),
-        "hat:collapsed": _agg({"d1": 0.35, "d2": 0.25}, "hat", "hat"),
-        "flat_dense": _agg({"d1": 0.40, "d2": 0.30}, "flat_dense"),
-        "bm25": _agg({"d1": 0.65, "d2": 0.35}, "bm25"),
-        "bm25_unstemmed": _agg({"d1": 0.95, "d2": 0.95}, "bm25_unstemmed"),  # does not count
-        "hybrid": _agg({"d1": 0.55, "d2": 0.45}, "hybrid"),
-        "fusion": _agg({"d1": 0.60, "d2": 0.42}, "fusion"),
+        "segtree:collapsed": aggregate_of({"d1": 0.80, "d2": 0.40}, "segtree", "segtree"),
+        "segtree:top_down": aggregate_of({"d1": 0.70, "d2": 0.50}, "segtree", "segtree"),
+        "hat:greedy": aggregate_of({"d1": 0.30, "d2": 0.20}, "hat", "hat"),
+        "hat:collapsed": aggregate_of({"d1": 0.35, "d2": 0.25}, "hat", "hat"),
+        "flat_dense": aggregate_of({"d1": 0.40, "d2": 0.30}, "flat_dense"),
+        "bm25": aggregate_of({"d1": 0.65, "d2": 0.35}, "bm25"),
+        "bm25_unstemmed": aggregate_of({"d1": 0.95, "d2": 0.95}, "bm25_unstemmed"),  # does not count
+        "hybrid": aggregate_of({"d1": 0.55, "d2": 0.45}, "hybrid"),
+        "fusion": aggregate_of({"d1": 0.60, "d2": 0.42}, "fusion"),
     }
     facts = {
         "segtree": {"default_policy": "top_down", "relevance": "hybrid", "hybrid_weight": 0.5},
@@ -257,7 +236,7 @@ def test_compare_methods_by_hand():
             "d1": {"source": "jsonl", "conversations": {}},
             "d2": {"source": "jsonl", "conversations": {}},
         },
-        "methods": {**methods, "fusion": _agg({"d1": 0.60, "d2": 0.42}, "fusion")},
+        "methods": {**methods, "fusion": aggregate_of({"d1": 0.60, "d2": 0.42}, "fusion")},
     }
     doc["comparison"] = R.compare_methods(doc["methods"], {"segtree": facts["segtree"]})
     md = markdown_table(doc)
