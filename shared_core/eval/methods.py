@@ -427,21 +427,15 @@ def with_references(specs: Sequence[MethodSpec], *, memory_llm: bool = False) ->
             continue
         seen.add(s.build)
         facts = memory_facts(s, memory_llm=memory_llm)
-        default = f"{s.build}:{facts['default_policy']}"
-        if default not in names:
-            last = max(i for i, x in enumerate(out) if x.build == s.build)
-            out.insert(last + 1, MethodSpec(default, s.build, s.kind, facts["default_policy"], s.params))
-            names.add(default)
-        tree = f"{s.build}:{facts['tree_policy']}"
-        if tree not in names:
-            last = max(i for i, x in enumerate(out) if x.build == s.build)
-            out.insert(last + 1, MethodSpec(tree, s.build, s.kind, facts["tree_policy"], s.params))
-            names.add(tree)
-        collapsed = f"{s.build}:collapsed"
-        if collapsed not in names and "collapsed" in available_memories()[s.kind].policies:
-            last = max(i for i, x in enumerate(out) if x.build == s.build)
-            out.insert(last + 1, MethodSpec(collapsed, s.build, s.kind, "collapsed", s.params))
-            names.add(collapsed)
+        wanted = [facts["default_policy"], facts["tree_policy"]]
+        if "collapsed" in available_memories()[s.kind].policies:
+            wanted.append("collapsed")
+        for policy in wanted:
+            name = f"{s.build}:{policy}"
+            if name not in names:
+                last = max(i for i, x in enumerate(out) if x.build == s.build)
+                out.insert(last + 1, MethodSpec(name, s.build, s.kind, policy, s.params))
+                names.add(name)
         ref = reference_spec(facts["relevance"], facts["hybrid_weight"])
         if ref.name not in names:
             refs.append(ref)
