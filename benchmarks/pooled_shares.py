@@ -36,12 +36,12 @@ def main() -> None:
     ap.add_argument("--metric", default="evidence_recall", help="per-query field (default evidence_recall)")
     args = ap.parse_args()
 
-    from shared_core.eval.protocol import paired_bootstrap, paired_values
+    from shared_core.eval.protocol import QUERY_ROWS_JSONL, paired_bootstrap, paired_values
 
     rows: dict[str, dict[str, list[dict]]] = {}
     for run in args.runs:
         per: dict[str, list[dict]] = defaultdict(list)
-        with (Path(run) / "queries.jsonl").open(encoding="utf-8") as f:
+        with (Path(run) / QUERY_ROWS_JSONL).open(encoding="utf-8") as f:
             for line in f:
                 r = json.loads(line)
                 per[r["method"]].append(r)
