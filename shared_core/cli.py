@@ -13,7 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Hierarchical long-term memory for LLM apps."
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Hierarchical long-term memory for LLM apps.",
 )
 console = Console()
 
@@ -154,8 +157,8 @@ def viz(
 ) -> None:
     """Render a saved memory as a self-contained HTML page (click a node to read it), optionally a PNG.
 
-    The save is loaded with ``HierarchicalMemory.load``, which picks the class from the saved kind, with
-    the embedded local embedder (used only to score ``--query``). Exit code 1 when the save cannot be
+    The save is loaded with HierarchicalMemory.load, which picks the class from the saved kind, with
+    the embedded local embedder (used only to score --query). Exit code 1 when the save cannot be
     read or an option is invalid.
     """
     from rich.markup import escape
