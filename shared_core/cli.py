@@ -98,6 +98,10 @@ def demo(
                 hits = m.retrieve(q.question, k=k)
                 recall[name].append(evidence_recall([h.source_ids for h in hits], q.evidence))
     dates = {m.id: m.timestamp for m in conv.messages}
+    console.print(
+        "[dim]Each line: ✓ when the turn is labelled evidence for the query, then its score (the cosine "
+        "similarity of query and turn, 0 to 1), speaker, session date and text, in the memory's order.[/dim]"
+    )
     for q, hits in shown:
         console.print(f"\n[bold cyan]Q:[/bold cyan] {q.question}")
         for h in hits:
