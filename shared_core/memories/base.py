@@ -577,6 +577,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         time_range: Any = None,
         where: Any = None,
         min_score: float | None = None,
+        as_of: Any = None,
+        time_weight: float | None = None,
         **params: Any,
     ) -> list[Hit]:
         """Retrieve nodes for a query.
@@ -597,6 +599,15 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
                 the whole tree); the search policies (HAT's greedy and LLM searches, xMemory's
                 adaptive and representative, MemTree's traversal) search the whole tree and return only
                 what passes.
+            as_of: the time the question is asked at (``datetime``, ``date`` or ISO-8601; a date means the
+                end of that day): no message timestamped after it comes back (one without a readable
+                timestamp may), and the query's time expressions ("last Friday", "four weeks ago", "in
+                June") resolve against it; default ``None``: nothing filtered, expressions resolve against
+                the current time.
+            time_weight: the bonus, in ``[0, 1]``, of a message inside a period the query names, added to
+                its ranking figure divided by the best candidate's (a soft prior over the best
+                ``max(4k, 40)`` candidates, never a filter; :mod:`shared_core.search.temporal`); default
+                ``None`` = the memory's :attr:`time_weight`; 0 ignores time expressions.
             min_score: optional threshold in ``[0, 1]`` on :attr:`Hit.score` (the query's cosine
                 similarity to the hit's text): of the top ``k`` in the policy's order, only the hits
                 scoring at least this come back (so fewer than ``k``, maybe none).
@@ -608,8 +619,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             :meth:`Hit.explain`.
 
         Raises:
-            InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, ``min_score`` not a number in
-                ``[0, 1]``, an invalid ``time_range``
+            InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, ``min_score`` or
+                ``time_weight`` not a number in ``[0, 1]``, an unreadable ``as_of``, an invalid ``time_range``
                 (not a pair, an unreadable bound, start after end) or ``where`` (unknown operator, wrong
                 type).
             UnknownPolicyError: a policy this memory does not have.
@@ -629,7 +640,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
                 f"({', '.join(p for p in self.policies if p not in self.llm_policies)})."
             )
         k, max_tokens, min_score = check_limits(self.default_k if k is None else k, max_tokens, min_score)
-        flt = message_filter(time_range, where)
+        flt = message_filter(time_range, where, as_of)
         accepted = inspect.signature(self._retrieve).parameters
         unknown = sorted(set(params) - set(accepted) - {"query", "policy", "k"})
         if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
@@ -646,8 +657,12 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             self._allowed = None if flt is None else self._allowed_nodes(flt)
             self.last_candidates = None
             self._query_memo = None
+            cue = self._time_cue(query, None if flt is None else flt.as_of, time_weight)
+            fetch = k if cue is None else max(4 * k, 40)
             try:
-                cands = self._shaped(self._retrieve(query, policy, k, **params), k)
+                cands = self._shaped(self._retrieve(query, policy, fetch, **params), fetch)
+                if cue is not None:
+                    cands = self._time_ranked(cands, cue)
                 hits = self._readable(query, self._to_hits(cands, k, max_tokens), policy)
             finally:
                 self._max_tokens = None

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..types import InvalidInputError, Message, parse_timestamp
 
-__all__ = ["MessageFilter", "TimeRange", "message_filter", "parse_time_range", "where_matcher"]
+__all__ = ["MessageFilter", "TimeRange", "message_filter", "parse_as_of", "parse_time_range", "where_matcher"]
 
 #: ``(start, end)``: each a ``datetime``, a ``date``, an ISO-8601 string or ``None`` (open end)
 TimeRange = tuple[Any, Any]
@@ -37,7 +37,7 @@ _OPERATORS = ("$eq", "$ne", "$in", "$nin", *_COMPARE)
 _DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
-def _bound(value: Any, name: str, end: bool) -> datetime | None:
+def _bound(value: Any, name: str, end: bool, label: str = "time_range ") -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
@@ -50,15 +50,15 @@ def _bound(value: Any, name: str, end: bool) -> datetime | None:
             dt = datetime.fromisoformat(s).replace(tzinfo=None)
         except ValueError:
             raise InvalidInputError(
-                f"time_range {name} must be an ISO-8601 date or date-time (e.g. '2024-05-01' or "
+                f"{label}{name} must be an ISO-8601 date or date-time (e.g. '2024-05-01' or "
                 f"'2024-05-01T13:00:00'), a datetime or None; got {value!r}."
             ) from None
         if end and _DATE_ONLY.match(s):  # a date as the end includes that whole day
             dt = datetime.combine(dt.date(), time.max)
         return dt
     raise InvalidInputError(
-        f"time_range {name} must be a datetime, a date, an ISO-8601 string or None; "
-        f"got {type(value).__name__}."
+        f"{label}{name} must be a datetime, a date, an ISO-8601 string or None; "
+        f"got {type(value).__name__} {value!r}."
     )
 
 
@@ -88,6 +88,24 @@ def parse_time_range(time_range: Any) -> tuple[datetime | None, datetime | None]
     if start is not None and end is not None and start > end:
         raise InvalidInputError(f"time_range start {time_range[0]!r} is after its end {time_range[1]!r}.")
     return start, end
+
+
+def parse_as_of(value: Any) -> datetime | None:
+    """Validate ``retrieve(as_of=...)``, the time a question is asked at, into a naive datetime.
+
+    A date-only value (``"2024-05-09"`` or a ``date``) means the end of that day; time zones are dropped
+    as in :func:`parse_time_range`.
+
+    Args:
+        value: ``None``, a ``datetime``, a ``date`` or an ISO-8601 string.
+
+    Returns:
+        The naive datetime, or ``None``.
+
+    Raises:
+        InvalidInputError: any other type or an unreadable string, naming the value.
+    """
+    return _bound(value, "as_of", end=True, label="")
 
 
 def _ordered(a: Any, b: Any) -> bool:
@@ -180,17 +198,25 @@ class MessageFilter:
         where: the compiled metadata condition, or ``None``.
         predicate: an extra test of the whole :class:`~shared_core.types.Message` (the adapters pass their
             framework's filters this way), or ``None``.
+        as_of: the time the question is asked at (naive datetime, ``None`` = no bound): a message whose
+            timestamp is after it fails; unlike a time range, a message without a readable timestamp
+            passes (nothing says it was said later).
     """
 
     start: datetime | None = None
     end: datetime | None = None
     where: Callable[[Mapping[str, Any]], bool] | None = None
     predicate: Callable[[Message], bool] | None = None
+    as_of: datetime | None = None
 
     def matches(self, message: Message | None) -> bool:
         """Whether ``message`` passes (``None``, a node without a message, never does)."""
         if message is None:
             return False
+        if self.as_of is not None:
+            t = parse_timestamp(message.timestamp)
+            if t is not None and t > self.as_of:
+                return False
         if self.start is not None or self.end is not None:
             t = parse_timestamp(message.timestamp)
             if t is None:
@@ -202,13 +228,14 @@ class MessageFilter:
         return self.predicate is None or bool(self.predicate(message))
 
 
-def message_filter(time_range: Any = None, where: Any = None) -> MessageFilter | None:
-    """The filter of ``retrieve(time_range=..., where=...)``, or ``None`` when nothing is filtered.
+def message_filter(time_range: Any = None, where: Any = None, as_of: Any = None) -> MessageFilter | None:
+    """The filter of ``retrieve(time_range=..., where=..., as_of=...)``, or ``None`` when nothing is filtered.
 
     Args:
         time_range: ``None`` or ``(start, end)`` (see :func:`parse_time_range`); ``(None, None)`` filters
             nothing.
         where: ``None``, a condition dict (module docstring), or a callable ``Message -> bool``.
+        as_of: ``None`` or the time the question is asked at (see :func:`parse_as_of`).
 
     Raises:
         InvalidInputError: an invalid time range or condition.
@@ -221,6 +248,7 @@ def message_filter(time_range: Any = None, where: Any = None) -> MessageFilter |
         predicate = where
     elif where is not None:
         matcher = where_matcher(where)
-    if start is None and end is None and matcher is None and predicate is None:
+    cutoff = parse_as_of(as_of)
+    if start is None and end is None and matcher is None and predicate is None and cutoff is None:
         return None
-    return MessageFilter(start, end, matcher, predicate)
+    return MessageFilter(start, end, matcher, predicate, cutoff)

@@ -14,21 +14,24 @@ exact ties by node id, ascending. Only which nodes the approximate first stage
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..models.base import validate_embeddings
-from ..types import Hit, count_tokens
+from ..types import Hit, count_tokens, parse_timestamp
 from .ann import NeighbourSearch
 from .candidates import Candidates, CandidateSearch
 from .filters import MessageFilter
 from .index import inner_products, normalize_rows, unit_row_norm
 from .relevance import check_weight, fuse
 from .selection import capped, with_neighbours
+from .temporal import TimeCue, time_cue, time_rerank
 from .walk import ADMISSIBLE, RELEVANCE_KINDS, TokenBudget, best_first, check_choice
 
 if TYPE_CHECKING:
@@ -107,6 +110,70 @@ class Ranking(CandidateSearch):
             source_ids=st.source_ids_under(nid),
             metadata=md,
         )
+
+    #: bonus of a message inside a period the query names ("last Friday", "in June"), added to its
+    #: ranking figure divided by the best candidate's (:func:`~shared_core.search.temporal.time_rerank`);
+    #: 0 = time-blind
+    time_weight: float = 0.3
+    #: bonus of the newest (oldest) candidate when the query asks for the latest (first); 0 = none
+    order_weight: float = 0.0
+    #: ``(version, {leaf id: POSIX seconds or None}, sorted seconds)`` of :meth:`_message_times`
+    _times_cache: tuple[int, dict[int, float | None], np.ndarray] | None = None
+
+    def _time_cue(self, query: str, as_of: datetime | None, time_weight: Any) -> tuple[TimeCue, float] | None:
+        """The query's time cue and the window weight to apply, or ``None`` when time can play no part:
+        both weights 0, no cue in the query, no dated message within reach of a window the query names
+        (a bonus under 0.001), fewer than two dated messages for an order word.
+
+        Raises:
+            InvalidInputError: ``time_weight`` outside ``[0, 1]``.
+        """
+        weight = self.time_weight if time_weight is None else check_weight(time_weight, "time_weight")
+        if weight <= 0 and self.order_weight <= 0:
+            return None
+        cue = time_cue(query, as_of if as_of is not None else datetime.now())
+        if not cue:
+            return None
+        times = self._message_times()
+        near = False
+        for start, end in cue.windows:
+            a, b = (x.replace(tzinfo=timezone.utc).timestamp() for x in (start, end))
+            near = near or _nearest_gap(times, a, b) < -math.log(1e-3) * max(b - a, 86400.0)
+        near = near and weight > 0
+        ordered = cue.order is not None and self.order_weight > 0 and len(np.unique(times)) > 1
+        return (cue, weight) if near or ordered else None
+
+    def _message_times(self) -> np.ndarray:
+        """Sorted ``float64`` POSIX seconds (wall clock read as UTC) of every message with a readable
+        timestamp, cached per tree version (only messages new to the version are parsed)."""
+        cached = self._times_cache
+        if cached is not None and cached[0] == self._version:
+            return cached[2]
+        old = cached[1] if cached is not None else {}
+        nodes = self._store.nodes
+        parsed: dict[int, float | None] = {}
+        for nid in self._store.leaf_at.values():
+            if nid in old:
+                parsed[nid] = old[nid]
+                continue
+            m = nodes[nid].message
+            t = None if m is None else parse_timestamp(m.timestamp)
+            parsed[nid] = None if t is None else t.replace(tzinfo=timezone.utc).timestamp()
+        arr = np.sort(np.array([t for t in parsed.values() if t is not None], dtype=np.float64))
+        self._times_cache = (self._version, parsed, arr)
+        return arr
+
+    def _time_ranked(
+        self, cands: list[tuple[int, float, dict[str, Any]]], cue: tuple[TimeCue, float]
+    ) -> list[tuple[int, float, dict[str, Any]]]:
+        """Candidates reordered by their ranking figure and the query's time cue."""
+        nodes = self._store.nodes
+
+        def when(nid: int) -> datetime | None:
+            node = nodes.get(nid)
+            return None if node is None or node.message is None else parse_timestamp(node.message.timestamp)
+
+        return time_rerank(cands, when, cue[0], cue[1], self.order_weight)
 
     #: ``(query, vector)`` of the retrieval under way: a query is embedded once per call, however many
     #: of its steps read it (set to ``None`` when a retrieval starts and ends)
@@ -473,3 +540,17 @@ class Ranking(CandidateSearch):
             if len(hits) >= k:
                 break
         return hits
+
+
+def _nearest_gap(times: np.ndarray, start: float, end: float) -> float:
+    """Seconds from the window ``[start, end]`` to the nearest of the sorted ``times`` (0 inside;
+    ``inf`` without times)."""
+    if len(times) == 0:
+        return math.inf
+    i = int(np.searchsorted(times, start))
+    if i < len(times) and times[i] <= end:
+        return 0.0
+    gaps = [start - times[i - 1]] if i > 0 else []
+    if i < len(times):
+        gaps.append(times[i] - end)
+    return min(gaps)
