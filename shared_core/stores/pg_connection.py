@@ -505,6 +505,7 @@ class PostgresConnections:
         self,
         fn: Callable[[psycopg.Cursor[Any]], T],
         what: str = "read",
+        *,
         namespace: tuple[str, ...] | None = None,
     ) -> T:
         """Run ``fn(cursor)`` in a read-only ``REPEATABLE READ`` transaction (one snapshot). It takes

@@ -505,7 +505,7 @@ class PostgresStore(Store):
         self._lookup()
         if self._ns < 0:
             return None
-        rows = self.db.read(self._meta_rows, f"read {self._in}", self.namespace)
+        rows = self.db.read(self._meta_rows, f"read {self._in}", namespace=self.namespace)
         return decode_meta(rows, self.location, FORMAT)
 
     def _read_all(self, cur: psycopg.Cursor[Any], snap: _Snapshot) -> None:
@@ -579,7 +579,7 @@ class PostgresStore(Store):
             self._read_all(cur, snap)
             return snap
 
-        snap = self.db.read(read, f"load {self._in}", self.namespace)
+        snap = self.db.read(read, f"load {self._in}", namespace=self.namespace)
         if decode_meta(snap.meta, self.location, FORMAT) is None:
             raise PersistenceError(f"{self.location} holds no memory yet.")
         self._stale = True
@@ -595,7 +595,7 @@ class PostgresStore(Store):
                 ``VACUUM FULL``, ``ALTER TABLE``) for longer than the lock timeout (``mem`` is unchanged).
             PersistenceError: the database cannot be read (``mem`` is unchanged).
         """
-        self._apply(mem, self.db.read(self._changes, f"catch up with {self._in}", self.namespace))
+        self._apply(mem, self.db.read(self._changes, f"catch up with {self._in}", namespace=self.namespace))
         pg_prune.caught_up(self)  # the registration that keeps the tombstones this store needs
 
     # ------------------------------------------------------------------ writing
