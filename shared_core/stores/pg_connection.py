@@ -9,9 +9,14 @@ database error is reported, and whether a ``COMMIT`` whose reply was lost landed
   computed): no connection and no transaction is held while models are called, so ``pool_size`` bounds
   the number of transactions running at once, not the number of adds in progress.
 - **writers** run ``READ COMMITTED`` (set on every writer connection, whatever the database's
-  ``default_transaction_isolation`` says) with the server's ``lock_timeout`` set to this object's lock
-  timeout, so no writer waits longer than that for a lock; **readers** run read-only ``REPEATABLE READ``
-  (one snapshot per catch-up).
+  ``default_transaction_isolation`` says); **readers** run read-only ``REPEATABLE READ`` (one snapshot
+  per catch-up).
+- **every lock wait is bounded**: every connection hiermem opens (writers, readers, the lock connections
+  of :mod:`~shared_core.stores.pg_writes`, the registry of :mod:`~shared_core.stores.pg_prune`) has the
+  server's ``lock_timeout`` set to this object's lock timeout, so no statement waits longer than that
+  for any one lock: a namespace's advisory lock, or a table lock. A read takes ``ACCESS SHARE`` on the
+  tables it reads, which hiermem's own writes never conflict with, but another session's ``LOCK
+  TABLE``, ``VACUUM FULL`` or ``ALTER TABLE`` (``ACCESS EXCLUSIVE``) does.
 - **errors**: a waited-out lock is a :class:`~shared_core.types.NamespaceBusyError`; a connection that
   broke (or a server that went away) makes the next call replace both pools once the server answers
   again; every pooled connection lent out at once is a "pool exhausted" error that leaves the pools as
@@ -20,7 +25,8 @@ database error is reported, and whether a ``COMMIT`` whose reply was lost landed
   the server on a fresh connection (``txid_status``) whether that transaction committed.
 
 URL options read (and removed) by hiermem before the URL reaches libpq: ``lock_timeout=S`` (seconds, a
-positive number; the default is the connect timeout, ``connect_timeout`` or 10 s).
+positive number, the bound of every lock wait above; the default is the connect timeout,
+``connect_timeout`` or 10 s).
 
 References:
     PostgreSQL documentation: "Client Connection Defaults" (``lock_timeout``), "Transaction
@@ -58,6 +64,7 @@ __all__ = [
     "ask_commit_outcome",
     "connection_lost",
     "first_line",
+    "set_lock_timeout",
     "parse_url",
     "split_url",
     "take_session_lock",
@@ -182,6 +189,16 @@ def lock_timed_out(e: BaseException) -> bool:
     return isinstance(e, psycopg.Error) and getattr(e, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
+def set_lock_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Set the server's ``lock_timeout`` of ``conn``'s session to ``seconds`` (rounded to whole
+    milliseconds, at least 1 ms): every later statement on it waits at most that long for any one lock,
+    then fails with SQLSTATE ``55P03``. Committed at once unless ``conn`` is in autocommit mode."""
+    ms = max(1, round(seconds * 1000))
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
+    if not conn.autocommit:
+        conn.commit()
+
+
 def take_session_lock(conn: psycopg.Connection[Any], lock: int) -> bool:
     """Take the advisory lock ``(LOCK_CLASS, lock)`` at session level on ``conn`` (idle, not in a
     transaction), waiting at most the connection's ``lock_timeout``.
@@ -239,11 +256,11 @@ class PostgresConnections:
     Args:
         url: a libpq URL, ``postgresql://user:password@host:port/dbname`` (``?host=/socket/dir`` for a
             Unix socket; ``connect_timeout=S`` also bounds the wait for a pooled connection, default 10;
-            ``lock_timeout=S`` bounds the wait for a namespace's writer lock, default the connect
-            timeout).
+            ``lock_timeout=S`` bounds every wait for a lock, default the connect timeout).
         pool_size: most connections of each pool (writers, readers).
-        lock_timeout: seconds a write waits for a namespace's lock before it fails with
-            :class:`NamespaceBusyError` (overrides the URL's ``lock_timeout``).
+        lock_timeout: seconds a statement waits for any one lock (a namespace's writer lock, or a table
+            lock another session holds) before the call fails with :class:`NamespaceBusyError`
+            (overrides the URL's ``lock_timeout``).
 
     Raises:
         InvalidInputError: a malformed URL, ``pool_size`` or ``lock_timeout``.
@@ -307,9 +324,12 @@ class PostgresConnections:
 
     def _configure_writer(self, conn: psycopg.Connection[Any]) -> None:
         conn.isolation_level = IsolationLevel.READ_COMMITTED
-        ms = max(1, round(self.lock_timeout * 1000))
-        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
-        conn.commit()
+        set_lock_timeout(conn, self.lock_timeout)
+
+    def _configure_reader(self, conn: psycopg.Connection[Any]) -> None:
+        conn.isolation_level = IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        set_lock_timeout(conn, self.lock_timeout)
 
     def lock_connection(self, what: str) -> psycopg.Connection[Any]:
         """A connection outside the pools, configured as a writer (``READ COMMITTED``, the lock
@@ -370,7 +390,7 @@ class PostgresConnections:
             self._url, name="hiermem-writers", configure=self._configure_writer, **common
         )
         readers: ConnectionPool = ConnectionPool(
-            self._url, name="hiermem-readers", configure=_configure_reader, **common
+            self._url, name="hiermem-readers", configure=self._configure_reader, **common
         )
         writers.open(wait=False)
         readers.open(wait=False)
@@ -453,15 +473,17 @@ class PostgresConnections:
             e: the error.
             what: what was being done, for the message ("Could not <what> <location>").
             conn: the connection it was met on, when there was one (a broken one is a lost connection).
-            namespace: the namespace whose lock was being taken, for :class:`NamespaceBusyError`.
+            namespace: the namespace being read or written, for :class:`NamespaceBusyError`.
         """
         if isinstance(e, PersistenceError):
             return e
         if lock_timed_out(e):
             return NamespaceBusyError(
-                f"Could not {what} {self.location}: it is busy, another writer held its lock for longer "
-                f"than the lock timeout ({self.lock_timeout:g} s). Nothing was changed; try again, or "
-                "raise the lock timeout (lock_timeout= in the URL or the constructor).",
+                f"Could not {what} {self.location}: it is busy, another session (a writer holding the "
+                "namespace's lock, or a LOCK TABLE, VACUUM FULL or ALTER TABLE on a hiermem table) held "
+                f"a lock it needed for longer than the lock timeout ({self.lock_timeout:g} s). Nothing "
+                "was changed; try again, or raise the lock timeout (lock_timeout= in the URL or the "
+                "constructor).",
                 namespace=namespace,
             )
         if connection_lost(e, conn):
@@ -479,12 +501,26 @@ class PostgresConnections:
             )
         return PersistenceError(f"Could not {what} {self.location}: {type(e).__name__}: {e}")
 
-    def read(self, fn: Callable[[psycopg.Cursor[Any]], T], what: str = "read") -> T:
-        """Run ``fn(cursor)`` in a read-only ``REPEATABLE READ`` transaction (one snapshot, no locks).
+    def read(
+        self,
+        fn: Callable[[psycopg.Cursor[Any]], T],
+        what: str = "read",
+        *,
+        namespace: tuple[str, ...] | None = None,
+    ) -> T:
+        """Run ``fn(cursor)`` in a read-only ``REPEATABLE READ`` transaction (one snapshot). It takes
+        ``ACCESS SHARE`` on the tables ``fn`` reads, waiting at most the lock timeout for each.
 
         A connection found broken (e.g. after a server restart) is replaced and ``fn`` run once more.
 
+        Args:
+            fn: the reads, given a cursor.
+            what: what is read, for error messages.
+            namespace: the namespace read, for :class:`NamespaceBusyError`.
+
         Raises:
+            NamespaceBusyError: another session held a lock on a table ``fn`` reads for longer than the
+                lock timeout (the connection goes back to the pool, rolled back).
             PersistenceError: the database cannot be read.
         """
         for attempt in (0, 1):
@@ -499,7 +535,7 @@ class PostgresConnections:
                     self._recover()
                     continue
                 if isinstance(e, Exception):
-                    raise self.error(e, what, conn=conn) from None
+                    raise self.error(e, what, conn=conn, namespace=namespace) from None
                 raise
             self._putconn(conn, rollback=False)
             return out
@@ -570,9 +606,3 @@ class PostgresConnections:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
-
-
-def _configure_reader(conn: psycopg.Connection[Any]) -> None:
-    conn.isolation_level = IsolationLevel.REPEATABLE_READ
-    conn.read_only = True
-    conn.commit()

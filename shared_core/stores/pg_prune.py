@@ -43,8 +43,10 @@ stays live only while its process is active. So the table holds about the tombst
 call. Registrations and pruning use one connection of their own per
 :class:`~shared_core.stores.postgres.PostgresDatabase` (autocommit, opened on first use, closed with the
 last registration), never the pools, so a retrieval never waits for a writer's connection because of
-them. They are best effort: when that connection is busy (another thread uses it) or fails, the step is
-skipped and tried on a later call; no call fails because of them.
+them; like every hiermem connection it has the database object's lock timeout, so a table lock held by
+another session (``LOCK TABLE``, ``VACUUM FULL``) delays a call by at most that. They are best effort:
+when that connection is busy (another thread uses it) or fails (a lock waited out included), the step
+is skipped and tried on a later call; no call fails because of them.
 
 **Schema.** Version 2 of the ``hiermem`` schema added ``readers``; :func:`upgrade` brings a version-1
 schema to version 2 in place when a process opens it with ``setup`` (the default).
@@ -61,7 +63,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .pg_connection import LOCK_CLASS, SCHEMA
+from .pg_connection import LOCK_CLASS, SCHEMA, set_lock_timeout
 
 if TYPE_CHECKING:  # psycopg is imported when used: postgres.py reports a missing extra itself
     import psycopg
@@ -149,6 +151,7 @@ class Registry:
         self._lock_class = LOCK_CLASS
         self._url: str = db._url
         self._kwargs: dict[str, Any] = dict(db._kwargs)
+        self._lock_timeout = db.lock_timeout
         self._db = weakref.ref(db)  # never a strong reference: the registry lives as long as the db
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = os.getpid()
@@ -168,7 +171,13 @@ class Registry:
         if self._pid != os.getpid():  # a forked child: the parent's socket is not ours to use or close
             self._conn, self._pid = None, os.getpid()
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(self._url, autocommit=True, **self._kwargs)
+            conn = psycopg.connect(self._url, autocommit=True, **self._kwargs)
+            try:
+                set_lock_timeout(conn, self._lock_timeout)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
         return self._conn
 
     def _discard(self) -> None:

@@ -34,8 +34,14 @@ the database on first open) and keeps it in step with the database:
   before it). ``clear`` and the first write of a namespace write without computing and take the lock
   the same way as step 3.
 - **reads** (``retrieve``) first apply what other processes committed since the memory's change
-  sequence, in a read-only ``REPEATABLE READ`` snapshot that takes no lock, so a retrieval never waits
-  for a writer (of its own namespace or another one).
+  sequence, in a read-only ``REPEATABLE READ`` snapshot. It takes no advisory lock and only
+  ``ACCESS SHARE`` on the tables it reads, which no row written by hiermem conflicts with, so a
+  retrieval never waits for a writer (of its own namespace or another one).
+- **lock waits are bounded**: every statement, read or write, waits at most the lock timeout for any one
+  lock, then the call fails with :class:`~shared_core.types.NamespaceBusyError` and changes nothing.
+  That includes another session's ``ACCESS EXCLUSIVE`` table lock (``LOCK TABLE``, ``VACUUM FULL``,
+  ``ALTER TABLE``): the catch-up that starts every ``retrieve``, ``add`` and ``delete`` fails after the
+  lock timeout instead of waiting for it.
 - **catching up** reads only the rows changed since the memory's change sequence: every namespace has a
   change sequence ``seq`` (one more per committed write); node and vector rows carry the ``seq`` of the
   write that last changed them and removed nodes leave an id in ``removed``. A ``clear`` (and the first
@@ -200,12 +206,13 @@ class PostgresDatabase(PostgresConnections):
     Args:
         url: a libpq URL, ``postgresql://user:password@host:port/dbname`` (``?host=/socket/dir`` for a
             Unix socket; ``connect_timeout=S`` also bounds the wait for a pooled connection, default 10;
-            ``lock_timeout=S``, read by hiermem, bounds the wait for a namespace's lock, default the
-            connect timeout).
+            ``lock_timeout=S``, read by hiermem, bounds every wait for a lock, default the connect
+            timeout).
         pool_size: most connections of each pool (writers, readers), default 8.
         setup: create the schema when absent and check it (default ``True``); ``False`` only checks
             that the schema is there (call :meth:`setup` later).
-        lock_timeout: seconds a write waits for a namespace's lock before it fails with
+        lock_timeout: seconds a statement (a read or a write) waits for any one lock, a namespace's
+            writer lock or a table lock another session holds, before the call fails with
             :class:`~shared_core.types.NamespaceBusyError` (overrides the URL's ``lock_timeout``).
         write_attempts: how many times a write is computed when other processes keep committing to its
             namespace meanwhile, before it fails with :class:`~shared_core.types.NamespaceBusyError`
@@ -498,7 +505,7 @@ class PostgresStore(Store):
         self._lookup()
         if self._ns < 0:
             return None
-        rows = self.db.read(self._meta_rows, f"read {self._in}")
+        rows = self.db.read(self._meta_rows, f"read {self._in}", namespace=self.namespace)
         return decode_meta(rows, self.location, FORMAT)
 
     def _read_all(self, cur: psycopg.Cursor[Any], snap: _Snapshot) -> None:
@@ -572,7 +579,7 @@ class PostgresStore(Store):
             self._read_all(cur, snap)
             return snap
 
-        snap = self.db.read(read, f"load {self._in}")
+        snap = self.db.read(read, f"load {self._in}", namespace=self.namespace)
         if decode_meta(snap.meta, self.location, FORMAT) is None:
             raise PersistenceError(f"{self.location} holds no memory yet.")
         self._stale = True
@@ -580,12 +587,15 @@ class PostgresStore(Store):
         pg_prune.caught_up(self)
 
     def sync(self, mem: HierarchicalMemory) -> None:
-        """Apply the rows other processes committed since :attr:`seq` (read-only snapshot, no lock).
+        """Apply the rows other processes committed since :attr:`seq` (a read-only snapshot: no advisory
+        lock, ``ACCESS SHARE`` on the tables it reads, each waited for at most the lock timeout).
 
         Raises:
+            NamespaceBusyError: another session held a conflicting table lock (``LOCK TABLE``,
+                ``VACUUM FULL``, ``ALTER TABLE``) for longer than the lock timeout (``mem`` is unchanged).
             PersistenceError: the database cannot be read (``mem`` is unchanged).
         """
-        self._apply(mem, self.db.read(self._changes, f"catch up with {self._in}"))
+        self._apply(mem, self.db.read(self._changes, f"catch up with {self._in}", namespace=self.namespace))
         pg_prune.caught_up(self)  # the registration that keeps the tombstones this store needs
 
     # ------------------------------------------------------------------ writing
@@ -608,7 +618,8 @@ class PostgresStore(Store):
                 :data:`CONTENTION_WINDOW` seconds of meeting another writer, every write is exclusive.
 
         Raises:
-            NamespaceBusyError: (exclusive) the lock was not free within the lock timeout.
+            NamespaceBusyError: (exclusive) the lock was not free within the lock timeout, or the
+                catch-up waited out a table lock (see :meth:`sync`; nothing is held, ``mem`` is unchanged).
             PersistenceError: the database cannot be reached (nothing is held, ``mem`` is unchanged).
         """
         self.abort()

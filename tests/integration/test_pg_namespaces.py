@@ -222,7 +222,9 @@ def test_the_check_is_the_catch_up_itself(pg_url, monkeypatch):
     reads: list[str] = []
     real = PostgresDatabase.read
     monkeypatch.setattr(
-        PostgresDatabase, "read", lambda self, fn, what="read": (reads.append(what), real(self, fn, what))[1]
+        PostgresDatabase,
+        "read",
+        lambda self, fn, what="read", **kw: (reads.append(what), real(self, fn, what, **kw))[1],
     )
     b.retrieve("alice", "dogs", policy="collapsed")
     assert len(reads) == 1 and reads[0].startswith("catch up")

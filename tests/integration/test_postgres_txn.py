@@ -6,6 +6,9 @@ the writers' isolation level, on the private server of ``pg_cluster`` (tests/con
   never take the connections an add needs.
 - A write waits for its namespace's lock at most the lock timeout, then raises ``NamespaceBusyError``
   naming the namespace; an exhausted pool says so and leaves the pools alone.
+- Reads too: with another session holding ACCESS EXCLUSIVE on a hiermem table, the catch-up of a
+  retrieve or an add raises ``NamespaceBusyError`` after the lock timeout and changes nothing, and the
+  registration written after it gives up without failing the call.
 - A ``COMMIT`` whose reply is lost: landed is a success (memory and database agree), not landed is an
   error that changed nothing, unknown is ``CommitUnknownError`` and a re-sync before the next
   operation; on the memory path and on the durable LangGraph store.
@@ -27,6 +30,7 @@ psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip i
 import shared_core.stores.pg_connection as pgconn  # noqa: E402
 from langchain_hiermem import HierMemStore  # noqa: E402
 from shared_core import HierarchicalMemory, SegTreeMem  # noqa: E402
+from shared_core.stores import pg_prune  # noqa: E402
 from shared_core.stores.namespace import namespace_key  # noqa: E402
 from shared_core.stores.postgres import LOCK_CLASS, PostgresDatabase, PostgresStore  # noqa: E402
 from shared_core.types import (  # noqa: E402
@@ -152,7 +156,7 @@ def test_lock_wait_is_bounded_and_names_the_busy_namespace(pg_cluster, pg_url):
         for m in (mem, by_url, by_arg):
             assert stripped(m.to_dict()) == before
         assert _seq(pg_cluster, pg_url, ns) == seq
-        assert mem.retrieve(message_text(1), k=1, policy="collapsed")  # a reader takes no lock
+        assert mem.retrieve(message_text(1), k=1, policy="collapsed")  # a reader takes no advisory lock
         elsewhere.add("another namespace is not busy")
     finally:
         holder.close()
@@ -163,6 +167,83 @@ def test_lock_wait_is_bounded_and_names_the_busy_namespace(pg_cluster, pg_url):
     for m in (mem, by_url, by_arg, elsewhere):
         m.close_store()
     db.close()
+
+
+def _lock_table(cluster: Any, url: str, table: str) -> Any:
+    """A connection of another session holding ACCESS EXCLUSIVE on ``hiermem.<table>`` (as
+    ``VACUUM FULL`` or an ``ALTER TABLE`` would) until it is rolled back or closed."""
+    holder = psycopg.connect(cluster.url(_dbname(url)))
+    holder.execute(f"LOCK TABLE hiermem.{table} IN ACCESS EXCLUSIVE MODE")
+    return holder
+
+
+@pytest.mark.parametrize("table", ["nodes", "namespaces"])
+def test_a_table_lock_bounds_the_catch_up_read(pg_cluster, pg_url, table):
+    """Another session holds ACCESS EXCLUSIVE on a hiermem table: the catch-up read that starts a
+    retrieve and an add waits at most the lock timeout, then fails with NamespaceBusyError naming the
+    namespace; the memory and the database are unchanged, and once the lock is released the same pools
+    serve the next calls."""
+    ns = ("ops", "locked")
+    url = f"{pg_url}&lock_timeout=0.5"
+    mem = _open("segtree", url, ns)
+    mem.add([message_text(0), message_text(1)])
+    other = _open("segtree", url, ns)
+    other.add(message_text(2))  # mem is behind: its catch-up reads the changed node rows
+    before = stripped(mem.to_dict())
+    seq = _seq(pg_cluster, pg_url, ns)
+    db = mem._durable.db
+    pools = (db._writers, db._readers)
+    calls = {
+        "retrieve": lambda: mem.retrieve(message_text(1), k=1, policy="collapsed"),
+        "add": lambda: mem.add(message_text(3)),
+    }
+    holder = _lock_table(pg_cluster, pg_url, table)
+    try:
+        for call in calls.values():
+            with pytest.raises(NamespaceBusyError) as err:
+                _finish(*_in_thread(call), timeout=20)
+            assert err.value.namespace == ns
+            assert "busy" in str(err.value) and "Nothing was changed" in str(err.value)
+            assert stripped(mem.to_dict()) == before
+    finally:
+        holder.close()
+    assert _seq(pg_cluster, pg_url, ns) == seq
+    assert (db._writers, db._readers) == pools and not db._broken
+    assert mem.retrieve(message_text(2), k=1, policy="collapsed")
+    mem.add(message_text(3))
+    check_tree(mem, [message_text(i) for i in range(4)])
+    assert (db._writers, db._readers) == pools
+    mem.close_store()
+    other.close_store()
+
+
+def test_a_locked_readers_table_delays_no_call(pg_cluster, pg_url, monkeypatch):
+    """The registration written after every catch-up and commit (``hiermem.readers``, see pg_prune)
+    waits for a table lock at most the lock timeout, then gives up for now: retrieve and add succeed
+    while another session holds ACCESS EXCLUSIVE on that table, and the registration is written once
+    the lock is released."""
+    monkeypatch.setattr(pg_prune.Registry, "heartbeat_interval", 0.0)
+    monkeypatch.setattr(pg_prune.Registry, "prune_interval", 0.0)
+    mem = _open("segtree", f"{pg_url}&lock_timeout=0.5", "registered")
+    mem.add(message_text(0))
+    reg = pg_prune.registry_of(mem._durable.db)
+    assert reg is not None and reg.ids
+    errors = reg.errors
+    holder = _lock_table(pg_cluster, pg_url, "readers")
+    try:
+        assert _finish(
+            *_in_thread(lambda: mem.retrieve(message_text(0), k=1, policy="collapsed")), timeout=20
+        )
+        _finish(*_in_thread(lambda: mem.add(message_text(1))), timeout=20)
+        assert reg.errors > errors and "lock timeout" in reg.last_error
+    finally:
+        holder.close()
+    check_tree(mem, [message_text(0), message_text(1)])
+    reg._retry_at = 0.0  # the failed heartbeat postponed the next one
+    mem.refresh()
+    rows = pg_cluster.execute(_dbname(pg_url), "SELECT seq FROM hiermem.readers")
+    assert rows == [(mem._durable.seq,)]
+    mem.close_store()
 
 
 @pytest.mark.parametrize("bad", ["lock_timeout=abc", "lock_timeout=0", "lock_timeout=-1"])
