@@ -140,7 +140,8 @@ class HierMemMiddleware(AgentMiddleware):
         memory_tools: also give the agent the ``remember`` / ``recall`` tools of
             :func:`~langchain_hiermem.tools.create_memory_tools` on the same store (default False).
         header: the text above the recalled block.
-        policy, search_kwargs: retrieval policy and parameters of a ``MemoryStore``.
+        policy: retrieval policy of a ``MemoryStore`` (default: the memory's).
+        search_kwargs: retrieval parameters of a ``MemoryStore``.
 
     Attributes:
         store: the store (the default one when none was given).

@@ -585,7 +585,10 @@ class SegTreeMem(HierarchicalMemory):
         Args:
             query: the query text.
             policy: ``"collapsed"``, ``"top_down"`` or ``"bottom_up"`` (default: the memory's).
-            alpha, horizon, relevance, hybrid_weight: override the memory's settings for this call.
+            alpha: overrides the memory's ``alpha`` for this call.
+            horizon: overrides the memory's ``horizon``.
+            relevance: overrides the memory's ``relevance``.
+            hybrid_weight: overrides the memory's ``hybrid_weight``.
 
         Returns:
             ``(ids int64 (n,), scores float64 (n,))`` over the ``n`` stored nodes.
