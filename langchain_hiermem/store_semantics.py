@@ -5,7 +5,10 @@
   (recursively, extra keys allowed); a list or tuple matches a list or tuple of the same length element
   by element (so ``("x", "y")`` matches ``["x", "y"]``); a dict of operators applies each of ``$eq $ne
   $gt $gte $lt $lte`` (``$eq`` / ``$ne`` with Python's ``==``, the others on ``float()`` of both sides);
-  anything else is ``==``. A filter key names a top-level field; a key with dots (``"user.level"``) that
+  anything else is ``==``. ``$in`` / ``$nin`` (beyond LangGraph's operators: the core's ``where``, see
+  ``shared_core.search.filters``) take a list of scalars; a list-valued field matches ``$in`` when any
+  element is in the list, ``$nin`` when none is; an absent or ``None`` field fails ``$in`` and passes
+  ``$nin``. A filter key names a top-level field; a key with dots (``"user.level"``) that
   is not itself a field names a nested field, as in LangGraph's ``SqliteStore`` (``json_extract``).
   Departures: an operator whose operands are not numbers (a missing field, a non-numeric string) does
   not match, where ``InMemoryStore`` raises ``TypeError`` / ``ValueError`` from the whole search; an
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from shared_core.search.filters import check_in_values, in_values
 from shared_core.types import InvalidInputError
 
 __all__ = [
@@ -43,8 +47,8 @@ __all__ = [
     "split_text",
 ]
 
-#: The filter operators LangGraph's stores support.
-OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+#: The filter operators: LangGraph's stores' six, and the core's ``$in`` / ``$nin``.
+OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin")
 _MISSING = object()
 
 
@@ -55,8 +59,9 @@ def check_filter(flt: Any) -> None:
         flt: ``None`` or a mapping of field name (or dotted path) to a condition.
 
     Raises:
-        InvalidInputError: not a mapping, a field name that is not a string, or an operator dict (one
-            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`.
+        InvalidInputError: not a mapping, a field name that is not a string, an operator dict (one
+            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`, or an
+            ``$in`` / ``$nin`` without a list of scalars.
     """
     if flt is None:
         return
@@ -78,6 +83,9 @@ def _check_condition(cond: Any) -> None:
                 raise InvalidInputError(
                     f"Unsupported filter operator(s) {', '.join(map(repr, bad))}; use {' '.join(OPERATORS)}."
                 )
+            for op in ("$in", "$nin"):
+                if op in cond:
+                    check_in_values(cond[op], f"filter {op}")
             return
         for v in cond.values():
             _check_condition(v)
@@ -119,6 +127,9 @@ def _operator(value: Any, op: Any, arg: Any) -> bool:
         return bool(value == arg)
     if op == "$ne":
         return bool(value != arg)
+    if op in ("$in", "$nin"):
+        found = in_values(value, check_in_values(arg, f"filter {op}"))
+        return found if op == "$in" else not found
     if op in ("$gt", "$gte", "$lt", "$lte"):
         try:
             a, b = float(value), float(arg)
