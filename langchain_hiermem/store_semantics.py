@@ -8,8 +8,10 @@
   anything else is ``==``. ``$in`` / ``$nin`` (beyond LangGraph's operators: the core's ``where``, see
   ``shared_core.search.filters``) take a list of scalars; a list-valued field matches ``$in`` when any
   element is in the list, ``$nin`` when none is; an absent or ``None`` field fails ``$in`` and passes
-  ``$nin``. A filter key names a top-level field; a key with dots (``"user.level"``) that
-  is not itself a field names a nested field, as in LangGraph's ``SqliteStore`` (``json_extract``).
+  ``$nin``; ``{"$and": [filter, ...]}`` / ``{"$or": [...]}`` at the top combine filters as the core's
+  ``where`` does (another top-level key starting with ``$`` is refused). A filter key names a top-level
+  field; a key with dots (``"user.level"``) that is not itself a field names a nested field, as in
+  LangGraph's ``SqliteStore`` (``json_extract``).
   Departures: an operator whose operands are not numbers (a missing field, a non-numeric string) does
   not match, where ``InMemoryStore`` raises ``TypeError`` / ``ValueError`` from the whole search; an
   unknown operator is refused before the search, whether or not an item reaches it.
@@ -49,6 +51,8 @@ __all__ = [
 
 #: The filter operators: LangGraph's stores' six, and the core's ``$in`` / ``$nin``.
 OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin")
+#: The core's combinations of filters, at the top of a filter (LangGraph's stores have neither).
+_LOGICAL = ("$and", "$or")
 _MISSING = object()
 
 
@@ -61,7 +65,8 @@ def check_filter(flt: Any) -> None:
     Raises:
         InvalidInputError: not a mapping, a field name that is not a string, an operator dict (one
             with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`, or an
-            ``$in`` / ``$nin`` without a list of scalars.
+            ``$in`` / ``$nin`` without a list of scalars, an ``$and`` / ``$or`` without a non-empty list of
+            non-empty dicts, or another top-level key starting with ``$``.
     """
     if flt is None:
         return
@@ -72,7 +77,19 @@ def check_filter(flt: Any) -> None:
     for key, cond in flt.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"A filter key is a field name (string), got {key!r}.")
-        _check_condition(cond)
+        if key in _LOGICAL:
+            if isinstance(cond, (str, bytes, Mapping)) or not isinstance(cond, Sequence) or not cond:
+                raise InvalidInputError(f"filter {key} takes a non-empty list of filters, got {cond!r}.")
+            for sub in cond:
+                if not isinstance(sub, Mapping) or not sub:
+                    raise InvalidInputError(f"filter {key} takes a list of non-empty dicts, got {sub!r}.")
+                check_filter(sub)
+        elif key.startswith("$"):
+            raise InvalidInputError(
+                f"Unknown filter operator {key!r} at the top of a filter; use $and, $or or a field name."
+            )
+        else:
+            _check_condition(cond)
 
 
 def _check_condition(cond: Any) -> None:
@@ -162,8 +179,20 @@ def field_value(value: Mapping[str, Any], key: str) -> Any:
 
 
 def item_matches(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
-    """Whether an item's value passes a search filter (every key's condition holds; see the module)."""
-    return not flt or all(compare_values(field_value(value, k), c) for k, c in flt.items())
+    """Whether an item's value passes a search filter (every key's condition holds; ``$and`` / ``$or``
+    over a list of filters; see the module)."""
+    if not flt:
+        return True
+    for key, cond in flt.items():
+        if key == "$and":
+            ok = all(item_matches(value, sub) for sub in cond)
+        elif key == "$or":
+            ok = any(item_matches(value, sub) for sub in cond)
+        else:
+            ok = compare_values(field_value(value, key), cond)
+        if not ok:
+            return False
+    return True
 
 
 def json_form(x: Any) -> Any:

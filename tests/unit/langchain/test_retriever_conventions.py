@@ -171,5 +171,7 @@ def test_store_filter_in_and_nin_on_list_and_scalar_fields() -> None:
         got = {it.key for it in store.search(ns, query=query, filter={"n": {"$in": [0, 5]}}, limit=10)}
         assert got == {"k0", "k5"}
     assert store.search(ns, filter={"tags": "finance"}) == []  # equality is of the whole value
+    either = {"$or": [{"n": {"$in": [0]}}, {"$and": [{"tags": {"$in": ["q3"]}}, {"n": {"$gte": 4}}]}]}
+    assert {it.key for it in store.search(ns, query="dog", filter=either, limit=10)} == {"k0", "k5"}
     with pytest.raises(InvalidInputError, match="got None"):
         store.search(ns, filter={"tags": {"$in": [None]}})

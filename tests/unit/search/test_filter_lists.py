@@ -54,6 +54,43 @@ def test_core_where_and_store_filter_agree_on_in_and_nin(value: Any, values: lis
     assert item_matches(md, cond) is want
 
 
+leaf_conditions = st.builds(
+    lambda field, op, values: {field: {op: values}},
+    st.sampled_from(["tags", "n"]),
+    st.sampled_from(["$in", "$nin"]),
+    st.lists(scalars, max_size=3),
+)
+conditions = st.recursive(
+    leaf_conditions,
+    lambda inner: st.builds(
+        lambda op, subs: {op: subs}, st.sampled_from(["$and", "$or"]), st.lists(inner, min_size=1, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@given(value=field_values, n=field_values, cond=conditions)
+def test_core_where_and_store_filter_agree_on_and_or(value: Any, n: Any, cond: dict) -> None:
+    md = {k: v for k, v in (("tags", value), ("n", n)) if v is not _ABSENT}
+    check_filter(cond)
+    assert item_matches(md, cond) is where_matcher(cond)(md)
+
+
+@pytest.mark.parametrize(
+    ("flt", "named"),
+    [
+        ({"$or": []}, "non-empty list"),
+        ({"$and": {"a": 1}}, "non-empty list"),
+        ({"$or": [{}]}, "non-empty dicts"),
+        ({"$nor": [{"a": 1}]}, r"'\$nor'"),
+        ({"$or": [{"a": {"$regex": "x"}}]}, r"\$regex"),
+    ],
+)
+def test_store_and_or_refusals(flt: dict, named: str) -> None:
+    with pytest.raises(InvalidInputError, match=named):
+        check_filter(flt)
+
+
 @pytest.mark.parametrize(
     ("cond", "md", "want"),
     [
