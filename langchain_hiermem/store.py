@@ -185,7 +185,8 @@ class HierMemStore(TTLMixin, BaseStore):
             ``Embeddings`` in :attr:`embeddings` (``None`` without ``index``), as LangGraph's stores.
         score: what ``SearchItem.score`` of a query search holds: ``"similarity"`` (default; the cosine
             of the query and the item's text, in ``[-1, 1]``, as LangGraph's stores) or ``"relevance"``
-            (the memory's score of the item's best hit, e.g. SegTreeMem's hybrid relevance).
+            (the memory's ranking figure of the item's best hit, ``Hit.components["rank"]``, e.g.
+            SegTreeMem's hybrid relevance).
         ttl: LangGraph's ``TTLConfig`` (``default_ttl`` minutes, ``refresh_on_read``, ``omit_expired``,
             ``sweep_interval_minutes``), default ``None``: items expire only when a put gives ``ttl=``;
             see :mod:`langchain_hiermem.store_ttl` (kept, a copy, as :attr:`ttl_config`).
@@ -714,7 +715,7 @@ class HierMemStore(TTLMixin, BaseStore):
                         if key in seen or item is None or (keep is not None and not keep(item)):
                             continue
                         seen.add(key)
-                        out.append((item, h.score))
+                        out.append((item, h.components.get("rank", h.score)))
                 if len(out) >= want or len(hits) < k:
                     break
                 k *= 2

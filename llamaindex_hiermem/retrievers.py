@@ -245,8 +245,10 @@ class HierMemRetriever(BaseRetriever):
 
     Each query runs the memory's retrieval ``policy`` and yields ``NodeWithScore`` best first: leaves
     as the docstore's nodes (when a ``docstore`` holds them), internal nodes (summaries / annotations) as
-    new ``TextNode`` objects with structure metadata (see :func:`hit_to_node`). Scores are the policy's
-    scores (higher is better; their scale depends on the policy).
+    new ``TextNode`` objects with structure metadata (see :func:`hit_to_node`). Scores are the core's
+    :attr:`~shared_core.types.Hit.score`: the query's cosine similarity to the node's text in
+    ``[0, 1]``, comparable across queries (so ``SimilarityPostprocessor(similarity_cutoff=...)``
+    means the same whatever the memory holds); the order is the policy's.
 
     Scoping (``filters``, ``node_ids``, ``doc_ids``, as for LlamaIndex's vector retrievers) never lets
     out-of-scope text through: a leaf is returned only when its message is in scope, and an internal node

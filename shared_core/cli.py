@@ -13,7 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Hierarchical long-term memory for LLM apps."
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Hierarchical long-term memory for LLM apps.",
 )
 console = Console()
 
@@ -95,6 +98,10 @@ def demo(
                 hits = m.retrieve(q.question, k=k)
                 recall[name].append(evidence_recall([h.source_ids for h in hits], q.evidence))
     dates = {m.id: m.timestamp for m in conv.messages}
+    console.print(
+        "[dim]Each line: ✓ when the turn is labelled evidence for the query, then its score (the cosine "
+        "similarity of query and turn, 0 to 1), speaker, session date and text, in the memory's order.[/dim]"
+    )
     for q, hits in shown:
         console.print(f"\n[bold cyan]Q:[/bold cyan] {q.question}")
         for h in hits:
@@ -154,8 +161,8 @@ def viz(
 ) -> None:
     """Render a saved memory as a self-contained HTML page (click a node to read it), optionally a PNG.
 
-    The save is loaded with ``HierarchicalMemory.load``, which picks the class from the saved kind, with
-    the embedded local embedder (used only to score ``--query``). Exit code 1 when the save cannot be
+    The save is loaded with HierarchicalMemory.load, which picks the class from the saved kind, with
+    the embedded local embedder (used only to score --query). Exit code 1 when the save cannot be
     read or an option is invalid.
     """
     from rich.markup import escape

@@ -306,13 +306,25 @@ class Hit:
     Attributes:
         node_id: the node's id in the memory (int, stable for the node's life).
         text: the node's text (a leaf's message or an internal node's annotation/summary).
-        score: the retrieval score (policy-specific; higher is better).
+        score: how close the hit's text is to the query, in ``[0, 1]``: the cosine similarity of the
+            query's and the node's embeddings (the node's own vector: a leaf's is its message's
+            embedding), clipped to ``[0, 1]``. It is the same for the same query and message whatever
+            else the memory holds, comparable across queries, and what ``min_score`` thresholds; it is
+            not the order of the hits (hits come in the policy's order: see ``components["rank"]``).
         depth: distance from the root (root = 0).
         is_leaf: whether the node is a leaf (a stored message).
         span: ``(first, last)`` insertion index (0-based) of the leaves under the node.
         source_ids: caller ids (``Message.id``) of the leaves under the node, in insertion order;
             leaves without an id are left out.
         metadata: policy- and algorithm-specific extras (e.g. ``level``, ``speaker``, ``timestamp``).
+        components: the figures behind the hit: ``"rank"`` (the policy's own ranking score, higher
+            first; relative to the rest of the memory: e.g. relevance divided by its maximum over every
+            node, or relevance propagated over the tree), ``"dense"`` (the raw cosine, in ``[-1, 1]``)
+            and, when the memory's relevance reads BM25, ``"bm25"`` (the Okapi BM25 score of the text,
+            not normalised). Empty on a hit not made by ``retrieve``.
+        rank: 1-based position in the policy's order (0 on a hit not made by ``retrieve``).
+        policy: the retrieval policy that ranked it (``""`` on a hit not made by ``retrieve``).
+        path: node ids from the root down to this node (empty on a hit not made by ``retrieve``).
     """
 
     node_id: int
@@ -323,6 +335,33 @@ class Hit:
     span: tuple[int, int]
     source_ids: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    components: dict[str, float] = field(default_factory=dict)
+    rank: int = 0
+    policy: str = ""
+    path: list[int] = field(default_factory=list)
+
+    def explain(self) -> str:
+        """Why the hit ranked where it did, in words: its place in the policy's order and the figure
+        it was ranked by, what scored (cosine, BM25), and where it sits in the tree.
+
+        Returns:
+            One or two sentences, e.g. ``"#1 by collapsed (rank score 0.8731): a message (leaf at depth
+            2, path 0 > 4 > 17); cosine similarity to the query 0.62, BM25 7.41."``
+        """
+        what = "a message" if self.is_leaf else f"a summary of {self.span[1] - self.span[0] + 1} messages"
+        where = f"leaf at depth {self.depth}" if self.is_leaf else f"node at depth {self.depth}"
+        if self.path:
+            where += ", path " + " > ".join(str(i) for i in self.path)
+        head = f"#{self.rank} by {self.policy}" if self.rank else "not ranked by retrieve"
+        if "rank" in self.components:
+            head += f" (rank score {self.components['rank']:.4f})"
+        parts = [f"cosine similarity to the query {self.components.get('dense', self.score):.2f}"]
+        if "bm25" in self.components:
+            parts.append(f"BM25 {self.components['bm25']:.2f}")
+        extra = ""
+        if "neighbour_of" in self.metadata:
+            extra = f" It was added as a neighbour of node {self.metadata['neighbour_of']}."
+        return f"{head}: {what} ({where}); {', '.join(parts)}.{extra}"
 
 
 @dataclass

@@ -27,6 +27,7 @@ from ..search.index import NodeIndex
 from ..search.ranking import ADMISSIBLE, RELEVANCE_KINDS, Ranking, TokenBudget, check_choice, count_tokens
 from ..search.relevance import check_weight
 from ..search.vectors import NodeVectors
+from ..search.walk import check_limits
 from ..stores import WriteConflictError
 from ..stores.encoding import MEMORY_FORMAT
 from ..tree.nodes import NodeStore
@@ -575,6 +576,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         max_tokens: int | None = None,
         time_range: Any = None,
         where: Any = None,
+        min_score: float | None = None,
         **params: Any,
     ) -> list[Hit]:
         """Retrieve nodes for a query.
@@ -595,13 +597,19 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
                 the whole tree); the search policies (HAT's greedy and LLM searches, xMemory's
                 adaptive and representative, MemTree's traversal) search the whole tree and return only
                 what passes.
+            min_score: optional threshold in ``[0, 1]`` on :attr:`Hit.score` (the query's cosine
+                similarity to the hit's text): of the top ``k`` in the policy's order, only the hits
+                scoring at least this come back (so fewer than ``k``, maybe none).
             **params: the policy's parameters (see the subclass).
 
         Returns:
-            Hits, best first, with distinct texts.
+            Hits in the policy's order (best first), with distinct texts; each with a readable
+            :attr:`Hit.score`, the policy's own figures in :attr:`Hit.components` and
+            :meth:`Hit.explain`.
 
         Raises:
-            InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, an invalid ``time_range``
+            InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, ``min_score`` not a number in
+                ``[0, 1]``, an invalid ``time_range``
                 (not a pair, an unreadable bound, start after end) or ``where`` (unknown operator, wrong
                 type).
             UnknownPolicyError: a policy this memory does not have.
@@ -620,11 +628,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
                 f"policy {policy!r} needs an LLM; build the memory with llm=... or use another policy "
                 f"({', '.join(p for p in self.policies if p not in self.llm_policies)})."
             )
-        k = self.default_k if k is None else k
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
-            raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+        k, max_tokens, min_score = check_limits(self.default_k if k is None else k, max_tokens, min_score)
         flt = message_filter(time_range, where)
         accepted = inspect.signature(self._retrieve).parameters
         unknown = sorted(set(params) - set(accepted) - {"query", "policy", "k"})
@@ -638,15 +642,20 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             self._sync_store()
             if self._store.root is None:
                 return []
-            self._max_tokens = None if max_tokens is None else int(max_tokens)
+            self._max_tokens = max_tokens
             self._allowed = None if flt is None else self._allowed_nodes(flt)
             self.last_candidates = None
+            self._query_memo = None
             try:
-                cands = self._shaped(self._retrieve(query, policy, int(k), **params), int(k))
-                return self._to_hits(cands, int(k), max_tokens)
+                cands = self._shaped(self._retrieve(query, policy, k, **params), k)
+                hits = self._readable(query, self._to_hits(cands, k, max_tokens), policy)
             finally:
                 self._max_tokens = None
                 self._allowed = None
+                self._query_memo = None
+        if min_score is not None:
+            hits = [h for h in hits if h.score >= min_score]
+        return hits
 
     async def aretrieve(
         self, query: str, k: int | None = None, policy: str | None = None, **kw: Any
@@ -655,31 +664,6 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         return await asyncio.to_thread(self.retrieve, query, k, policy, **kw)
 
     default_k: ClassVar[int] = 10
-
-    def _depth(self, nid: int) -> int:
-        """Depth of a node below the root (root 0), as reported in hits."""
-        return self._store.depth(nid)
-
-    def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit:
-        """Build the :class:`Hit` of node ``nid``."""
-        st = self._store
-        node = st.get(nid)
-        md: dict[str, Any] = {"level": node.level, "kind": self.kind}
-        if node.message is not None:
-            m = node.message
-            md.update({"role": m.role, "speaker": m.speaker, "timestamp": m.timestamp, **m.metadata})
-        if meta:
-            md.update(meta)
-        return Hit(
-            node_id=nid,
-            text=node.text,
-            score=score,
-            depth=self._depth(nid),
-            is_leaf=node.is_leaf,
-            span=node.span,
-            source_ids=st.source_ids_under(nid),
-            metadata=md,
-        )
 
     def __len__(self) -> int:
         """Number of stored messages (leaves), after catching up with a shared store (see :meth:`refresh`)."""

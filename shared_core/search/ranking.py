@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..types import Hit, count_tokens
 from .ann import NeighbourSearch
 from .candidates import Candidates, CandidateSearch
 from .filters import MessageFilter
-from .index import normalize_rows
+from .index import inner_products, normalize_rows, unit_row_norm
 from .relevance import check_weight, fuse
 from .selection import capped, with_neighbours
 from .walk import ADMISSIBLE, RELEVANCE_KINDS, TokenBudget, best_first, check_choice
@@ -55,6 +56,7 @@ class Ranking(CandidateSearch):
 
     # set by HierarchicalMemory.__init__
     embedder: Embedder
+    kind: str
     relevance_kind: str
     hybrid_weight: float
     _store: NodeStore
@@ -81,11 +83,39 @@ class Ranking(CandidateSearch):
     #: sibling leaves placed after each leaf hit (its segment neighbours, nearest in turn order first)
     neighbours: int = 0
 
-    if TYPE_CHECKING:
+    def _depth(self, nid: int) -> int:
+        """Depth of a node below the root (root 0), as reported in hits."""
+        return self._store.depth(nid)
 
-        def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit: ...
+    def hit(self, nid: int, score: float = 0.0, meta: dict[str, Any] | None = None) -> Hit:
+        """Build the :class:`Hit` of node ``nid``."""
+        st = self._store
+        node = st.get(nid)
+        md: dict[str, Any] = {"level": node.level, "kind": self.kind}
+        if node.message is not None:
+            m = node.message
+            md.update({"role": m.role, "speaker": m.speaker, "timestamp": m.timestamp, **m.metadata})
+        if meta:
+            md.update(meta)
+        return Hit(
+            node_id=nid,
+            text=node.text,
+            score=score,
+            depth=self._depth(nid),
+            is_leaf=node.is_leaf,
+            span=node.span,
+            source_ids=st.source_ids_under(nid),
+            metadata=md,
+        )
+
+    #: ``(query, vector)`` of the retrieval under way: a query is embedded once per call, however many
+    #: of its steps read it (set to ``None`` when a retrieval starts and ends)
+    _query_memo: tuple[str, np.ndarray] | None = None
 
     def _embed_query(self, query: str) -> np.ndarray:
+        memo = self._query_memo
+        if memo is not None and memo[0] == query:
+            return memo[1]
         t0 = time.perf_counter()
         raw = self.embedder.embed([query])
         dim = self._index.dim if self._index is not None else None
@@ -93,7 +123,47 @@ class Ranking(CandidateSearch):
         self._query_usage.embed_calls += 1
         self._query_usage.embedded_texts += 1
         self._query_usage.seconds += time.perf_counter() - t0
+        self._query_memo = (query, v)
         return v
+
+    def _readable(self, query: str, hits: list[Hit], policy: str) -> list[Hit]:
+        """The hits with a score a person can read: :attr:`Hit.score` becomes the query's cosine
+        similarity to the hit's own text, clipped to ``[0, 1]`` (see :class:`~shared_core.types.Hit`).
+
+        The policy's ranking figure moves to ``components["rank"]``; ``components`` also gets
+        ``"dense"`` (the same cosine) and, when the memory's relevance reads BM25, ``"bm25"`` (the Okapi
+        score of the hit's text over every indexed node, not normalised). Each hit also gets its
+        ``rank`` (1-based, in the policy's order), ``policy`` and ``path`` (node ids, root first). The
+        cosine is :func:`~shared_core.scores.inner_products` of the two normalised vectors, so it is
+        the same on every CPU and does not depend on what else the memory holds (a leaf's vector is its
+        message's embedding).
+        """
+        if not hits:
+            return hits
+        nids = [h.node_id for h in hits]
+        qvec = self._embed_query(query)
+        vecs = self._vectors(nids)
+        cos = inner_products(vecs, qvec, row_norm=unit_row_norm(vecs.shape[1]))
+        bm25 = None
+        if self.relevance_kind in ("bm25", "hybrid") and self._index is not None:
+            bm25 = self._lexical_index().scores_for(query, np.asarray(nids, dtype=np.int64))
+        out = []
+        for rank, (h, c) in enumerate(zip(hits, cos.tolist()), start=1):
+            comp = {"rank": float(h.score), "dense": float(c)}
+            if bm25 is not None:
+                comp["bm25"] = float(bm25[rank - 1])
+            path = [*reversed(self._store.ancestors(h.node_id)), h.node_id]
+            out.append(
+                replace(
+                    h,
+                    score=min(1.0, max(0.0, float(c))),
+                    components=comp,
+                    rank=rank,
+                    policy=policy,
+                    path=path,
+                )
+            )
+        return out
 
     def _lexical_index(self) -> Any:
         """The BM25 index over node texts, brought up to date with the tree on demand."""

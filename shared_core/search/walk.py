@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..types import UnknownPolicyError, count_tokens
+from ..types import InvalidInputError, UnknownPolicyError, count_tokens
 
-__all__ = ["ADMISSIBLE", "RELEVANCE_KINDS", "TokenBudget", "best_first", "check_choice"]
+__all__ = ["ADMISSIBLE", "RELEVANCE_KINDS", "TokenBudget", "best_first", "check_choice", "check_limits"]
 
 #: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
@@ -31,6 +31,33 @@ def check_choice(value: Any, choices: Sequence[str], name: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise UnknownPolicyError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}.")
     return value
+
+
+def check_limits(k: Any, max_tokens: Any, min_score: Any) -> tuple[int, int | None, float | None]:
+    """The checked limits of a retrieval: ``k`` hits, a ``max_tokens`` budget, a ``min_score`` threshold.
+
+    Returns:
+        ``(k, max_tokens, min_score)`` as ``int``, ``int`` or ``None``, ``float`` or ``None``.
+
+    Raises:
+        InvalidInputError: ``k`` not a positive integer, ``max_tokens`` below 1, ``min_score`` not a
+            number in ``[0, 1]``; naming the value.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
+    if min_score is not None and (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, (int, float, np.integer, np.floating))
+        or not 0.0 <= float(min_score) <= 1.0
+    ):
+        raise InvalidInputError(f"min_score must be a number in [0, 1], got {min_score!r}.")
+    return (
+        int(k),
+        None if max_tokens is None else int(max_tokens),
+        None if min_score is None else float(min_score),
+    )
 
 
 def best_first(ids: np.ndarray, scores: np.ndarray, pos: np.ndarray | None = None) -> Iterator[int]:

@@ -105,7 +105,10 @@ class RecallHit(BaseModel):
     """One ``recall`` hit: a stored message (a leaf) or a summary of several (an internal node)."""
 
     text: str = Field(description="The message as stored ('<speaker>: <text>' with a speaker) or a summary.")
-    score: float = Field(description="Retrieval score; higher is better.")
+    score: float = Field(
+        description="Cosine similarity of the query and the hit's text, in [0, 1]; "
+        "hits come in the policy's order."
+    )
     is_leaf: bool = Field(description="True for one stored message, False for a summary of several.")
     span: tuple[int, int] = Field(
         description="(first, last) insertion index (0-based) of the messages under the hit."

@@ -267,7 +267,7 @@ def test_score_relevance_option_keeps_the_memorys_score() -> None:
     mem = store.get_memory(("r",))
     hits = mem.retrieve(FACTS[1], k=1)
     got = store.search(("r",), query=FACTS[1], limit=1)
-    assert got[0].score == pytest.approx(hits[0].score)
+    assert got[0].score == pytest.approx(hits[0].components["rank"])
     with pytest.raises(InvalidInputError, match="score"):
         HierMemStore(score="cosine")
 

@@ -492,7 +492,7 @@ def test_agent_through_openai_client(openai_server):
         hits = mem.retrieve("What did a2 say?", policy="agent", fill=False)
         assert [h.text for h in hits] == ["u2 a2"]
         assert hits[0].metadata["path"] == [layers[0][0], layers[1][0], layers[2][1]]
-        assert hits[0].metadata["outcome"] == "sufficient" and hits[0].score == 1.0
+        assert hits[0].metadata["outcome"] == "sufficient" and hits[0].components["rank"] == 1.0
         reqs = openai_server.chat_requests()
         assert len(reqs) == 3
         assert reqs[0]["messages"][0] == {"role": "system", "content": P.AGENT_SYSTEM}
@@ -597,7 +597,7 @@ def test_greedy_peaks_and_patience_by_hand():
     mem = HAT(BagEmbedder(), M=2, summarizer=ConcatSummarizer(), **PAPER)
     mem.add(["dog cat", "x1 x2 x3 x4", "dog y1", "cat y2"])
     (root,), (p0, p1), (a, b, c, d) = mem.layers()
-    sim = {h.node_id: h.score for h in mem.retrieve("dog cat", policy="collapsed", k=7)}
+    sim = {h.node_id: h.components["rank"] for h in mem.retrieve("dog cat", policy="collapsed", k=7)}
     assert sim[root] == pytest.approx(4 / np.sqrt(2) / np.sqrt(14), abs=1e-6)
     assert sim[p1] == pytest.approx(np.sqrt(0.5), abs=1e-6) and sim[a] == pytest.approx(1.0, abs=1e-6)
 
@@ -641,13 +641,13 @@ def test_top_down_and_collapsed_by_hand():
     hits = mem.retrieve("dog cat", k=4, policy="top_down")  # message leaves
     assert [h.node_id for h in hits] == [c, d, a, b]
     for h in hits:
-        assert h.score == pytest.approx(want[h.node_id], rel=1e-5)
+        assert h.components["rank"] == pytest.approx(want[h.node_id], rel=1e-5)
         assert h.is_leaf and h.metadata["policy"] == "top_down"
         assert h.metadata["path"] == [root, parent[h.node_id]]
     flat = mem.retrieve("dog cat", k=3, policy="collapsed")  # own relevance only: ties by node id
     assert [h.node_id for h in flat] == [a, c, d]
     assert mem.retrieve("dog cat", k=3) == flat  # the default policy
-    assert [h.score for h in flat] == pytest.approx([0.5, 0.5, 0.5], abs=1e-6)
+    assert [h.components["rank"] for h in flat] == pytest.approx([0.5, 0.5, 0.5], abs=1e-6)
     every = mem.retrieve("dog cat", k=2, policy="collapsed", admissible="all")
     assert [h.node_id for h in every] == [p1, root] and every[0].metadata["path"] == [root]
 
@@ -702,7 +702,10 @@ def test_greedy_peaks_find_the_right_leaf_with_local_embedder(local_hat, beam):
 def test_collapsed_with_local_embedder(local_hat):
     hits = local_hat.retrieve("Which instrument do I play?", policy="collapsed", k=3)
     assert "violin" in hits[0].text and hits[0].is_leaf
-    assert len(hits) == 3 and hits[0].score >= hits[1].score >= hits[2].score
+    assert (
+        len(hits) == 3
+        and hits[0].components["rank"] >= hits[1].components["rank"] >= hits[2].components["rank"]
+    )
     default = local_hat.retrieve("Which instrument do I play?")  # default policy without an LLM: collapsed
     assert default[0].metadata["policy"] == "collapsed" and default[:3] == hits
     # k = 10 over 8 messages: every message first, then the best two summaries, with their paths
@@ -924,7 +927,7 @@ def assert_first_version(mem: HAT) -> None:
     for (query, policy, params), want in FIRST_VERSION.items():
         hits = mem.retrieve(query, k=5, policy=policy, **dict(params))
         assert [h.node_id for h in hits] == [w[0] for w in want], (query, policy, params)
-        assert [h.score for h in hits] == pytest.approx([w[1] for w in want], abs=2e-6)
+        assert [h.components["rank"] for h in hits] == pytest.approx([w[1] for w in want], abs=2e-6)
         if policy == "greedy":
             assert [h.metadata["path"] for h in hits] == [w[2] for w in want]
 

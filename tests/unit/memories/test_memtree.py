@@ -493,7 +493,9 @@ def test_collapsed_threshold_topk_and_max_context():
     # "pizza": L3 {food,pizza} 1/√2 = 0.7071, P2 {food,pizza,pasta} 1/√3 = 0.5774, every other node 0
     hits = mem.retrieve("pizza")
     assert [h.node_id for h in hits] == [L[2], P2]
-    assert [h.score for h in hits] == pytest.approx([1 / math.sqrt(2), 1 / math.sqrt(3)], abs=1e-6)
+    assert [h.components["rank"] for h in hits] == pytest.approx(
+        [1 / math.sqrt(2), 1 / math.sqrt(3)], abs=1e-6
+    )
     assert all(h.metadata["policy"] == "collapsed" for h in hits)
     assert [h.node_id for h in mem.retrieve("pizza", threshold=0.6)] == [L[2]]
     assert len(mem.retrieve("pizza", threshold=-1.0)) == 3  # k = 3 (MemTreeModule "top")
@@ -526,13 +528,13 @@ def test_top_down_worked_by_hand():
     a, b = 1 / math.sqrt(2), 1 / math.sqrt(3)
     hits = mem.retrieve("pizza", k=3)
     assert [h.node_id for h in hits[:2]] == [L[2], L[3]]
-    assert [h.score for h in hits[:2]] == pytest.approx(
+    assert [h.components["rank"] for h in hits[:2]] == pytest.approx(
         [(a + 0.3 * b) / (a + b) / 1.39, 0.3 * b / (a + b) / 1.39]
     )
-    assert all(h.is_leaf for h in hits) and len(hits) == 3 and hits[2].score == 0.0
+    assert all(h.is_leaf for h in hits) and len(hits) == 3 and hits[2].components["rank"] == 0.0
     assert hits[0].metadata["path"] == [P2] and hits[0].metadata["policy"] == "top_down"
     # H = 0 is collapsed ranking over the leaves: L4 has no relevance of its own
-    assert mem.retrieve("pizza", k=2, horizon=0)[1].score == 0.0
+    assert mem.retrieve("pizza", k=2, horizon=0)[1].components["rank"] == 0.0
     # "walk" reaches L5 {pet, dog, walk} and L6 {vet, cat, walk} (1/sqrt(3)); P3 and
     # P1 (its summary names walk) pass their scores down, so L1 (under P3) outranks L2 (under P1 only).
     order = [h.node_id for h in mem.retrieve("walk", k=6)]
@@ -543,7 +545,7 @@ def test_top_down_worked_by_hand():
     hits = mem.retrieve("food pasta pizza", k=3, admissible="all")
     assert [h.node_id for h in hits] == [L[2], L[3], P2]
     c = 2 / math.sqrt(6)
-    assert hits[2].score == pytest.approx(1 / (1 + 2 * c) / 1.39)
+    assert hits[2].components["rank"] == pytest.approx(1 / (1 + 2 * c) / 1.39)
     assert hits[2].metadata["path"] == [] and not hits[2].is_leaf
 
 
@@ -713,7 +715,7 @@ def test_local_embedder_end_to_end(local_embedder):
     )
     hits = mem.retrieve("What is the name of my dog?")
     assert hits and any("d1" in h.source_ids for h in hits)
-    assert all(h.score >= 0.2 for h in hits) and len(hits) <= 3
+    assert all(h.components["rank"] >= 0.2 for h in hits) and len(hits) <= 3
     s = mem.stats()
     assert s["leaves"] == 4 and s["content_nodes"] == s["nodes"] - 1
 

@@ -223,7 +223,7 @@ def test_invariants_hold_after_every_insert_for_any_decisions(data, n, branching
     assert s["tree_nodes"] <= s["worst_case_nodes"] == n * (n + 1) // 2
     hits = mem.retrieve("topic1 utterance", k=50, policy="top_down", admissible="all")
     assert len({h.text for h in hits}) == len(hits)
-    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert [h.components["rank"] for h in hits] == sorted((h.components["rank"] for h in hits), reverse=True)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -795,7 +795,7 @@ def test_figure3_collapsed_is_s0(figure3):
     hits = figure3.retrieve("q", k=7, policy="collapsed", admissible="all")
     # ties (c, R, C at 1/8; a, d at 0) are broken by node id
     assert [h.node_id for h in hits] == [B, P_, C_, R_, CC, A, D]
-    assert [h.score for h in hits] == [0.375, 0.25, 0.125, 0.125, 0.125, 0.0, 0.0]
+    assert [h.components["rank"] for h in hits] == [0.375, 0.25, 0.125, 0.125, 0.125, 0.0, 0.0]
 
 
 def test_figure3_top_down_by_hand(figure3):
@@ -828,7 +828,9 @@ def test_figure3_top_down_by_hand(figure3):
     # Top-K over the admissible set: all nodes vs leaves only
     all_hits = figure3.retrieve("q", k=4, policy="top_down", admissible="all")
     assert [h.node_id for h in all_hits] == [B, P_, C_, CC]  # c (0.118525) just beats C (0.118243)
-    assert [h.score for h in all_hits] == pytest.approx([h2[B], h2[P_], h2[C_], h2[CC]], abs=1e-9)
+    assert [h.components["rank"] for h in all_hits] == pytest.approx(
+        [h2[B], h2[P_], h2[C_], h2[CC]], abs=1e-9
+    )
     leaf_hits = figure3.retrieve("q", k=4, policy="top_down", admissible="leaves")
     assert [h.node_id for h in leaf_hits] == [B, C_, A, D]
     assert all(h.is_leaf for h in leaf_hits)
@@ -928,9 +930,9 @@ def test_propagation_counts_implicit_chain_copies_by_hand():
     # over all nodes the text "c" ranks with its copy's score, (1/8 + 1/80) / 1.11, above its own
     hits = mem.retrieve("q", k=5, policy="bottom_up", alpha=0.1, horizon=2, admissible="all")
     assert [h.node_id for h in hits] == [b, P, R, c, a]
-    assert hits[3].score == pytest.approx(0.1375 / 1.11, abs=1e-9)
+    assert hits[3].components["rank"] == pytest.approx(0.1375 / 1.11, abs=1e-9)
     leaf_hits = mem.retrieve("q", k=3, policy="bottom_up", alpha=0.1, horizon=2, admissible="leaves")
-    assert [(h.node_id, round(h.score, 9)) for h in leaf_hits] == [
+    assert [(h.node_id, round(h.components["rank"], 9)) for h in leaf_hits] == [
         (b, round(0.375 / 1.11, 9)),
         (c, round(0.125 / 1.11, 9)),
         (a, 0.0),

@@ -617,7 +617,7 @@ def test_top_down_budget_credits_a_message_cut_by_the_fact_cap():
     wf = mem.fact_weight
 
     def scores(**kw):
-        return {h.node_id: h.score for h in mem.retrieve(q, k=4, admissible="leaves", **kw)}
+        return {h.node_id: h.components["rank"] for h in mem.retrieve(q, k=4, admissible="leaves", **kw)}
 
     free, budget = scores(), scores(max_tokens=1000)
     # without a budget the cut message has no fact term; under one it counts its own relevance
@@ -789,7 +789,7 @@ def test_stage_two_per_episode_gate_with_tolerance_early_stop_and_fallback(opena
     assert all(
         h.is_leaf and h.metadata["gain"] in (pytest.approx(1.0), pytest.approx(-0.3)) for h in stage_two
     )
-    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert [h.components["rank"] for h in hits] == sorted((h.components["rank"] for h in hits), reverse=True)
     for h in hits:
         assert h.metadata["tokens"] == count_tokens(h.text)
     # nothing passes the gate: the first probe is included anyway (the fallback)
@@ -1204,13 +1204,17 @@ def test_llm_free_end_to_end_with_the_local_embedder(local_embedder, tmp_path):
     q = "What is the name of Caroline's dog?"
     hits = mem.retrieve(q)  # top_down: messages, the evidence first
     assert hits[0].source_ids == ["D6"] and all(h.is_leaf for h in hits)
-    assert len(hits) == 10 and [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert len(hits) == 10 and [h.components["rank"] for h in hits] == sorted(
+        (h.components["rank"] for h in hits), reverse=True
+    )
     for h in hits:
         assert h.metadata["level"] == "message" and h.metadata["tokens"] == count_tokens(h.text)
         assert h.metadata["path"][-1] == s.nodes[h.node_id].parent  # theme, semantic, episode above it
     adaptive = mem.retrieve(q, policy="adaptive")
     assert any("Luna" in h.text for h in adaptive)
-    assert [h.score for h in adaptive] == sorted((h.score for h in adaptive), reverse=True)
+    assert [h.components["rank"] for h in adaptive] == sorted(
+        (h.components["rank"] for h in adaptive), reverse=True
+    )
     rep_hits = mem.retrieve(q, policy="representative")
     assert [h.node_id for h in rep_hits] == [h.node_id for h in adaptive if h.metadata["stage"] == "I"]
     by_id = {m.id: m.text for m in msgs}
@@ -1218,7 +1222,9 @@ def test_llm_free_end_to_end_with_the_local_embedder(local_embedder, tmp_path):
         # a rule fact reports the one message its sentence comes from
         assert len(h.source_ids) == 1 and h.text.split(": ", 1)[1] in by_id[h.source_ids[0]]
     flat = mem.retrieve(q, policy="collapsed", k=3, admissible="all")
-    assert len(flat) == 3 and [h.score for h in flat] == sorted((h.score for h in flat), reverse=True)
+    assert len(flat) == 3 and [h.components["rank"] for h in flat] == sorted(
+        (h.components["rank"] for h in flat), reverse=True
+    )
     mem.save(tmp_path / "x")
     loaded = XMemory.load(tmp_path / "x", embedder=local_embedder)
     assert loaded.to_dict() == mem.to_dict()

@@ -88,7 +88,7 @@ def test_candidate_ranking_is_the_exhaustive_ranking_of_the_candidates(built, mo
                 msgs = [h for h in hits if h.is_leaf]
                 assert msgs and len(hits) == k
                 for h in msgs:  # each candidate message has its exhaustive score
-                    assert h.score == pytest.approx(ref[h.node_id], abs=1e-6)
+                    assert h.components["rank"] == pytest.approx(ref[h.node_id], abs=1e-6)
                 leaves = [i for i in scored.tolist() if mem._store.nodes[i].is_leaf]
                 want = sorted(leaves, key=lambda i: (-ref[i], i))
                 seen, top = set(), []
@@ -113,7 +113,9 @@ def test_enough_candidates_give_the_exhaustive_hits(built, monkeypatch):
             want = _exhaustive(mem, q, 3)
             assert "candidates" not in mem.last_trace
             assert [(h.node_id, h.text) for h in got] == [(h.node_id, h.text) for h in want]
-            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-6)
+            assert [h.components["rank"] for h in got] == pytest.approx(
+                [h.components["rank"] for h in want], abs=1e-6
+            )
     finally:
         mem.exact_search_max = None
 
