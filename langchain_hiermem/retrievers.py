@@ -65,11 +65,11 @@ class HierMemRetriever(BaseRetriever):
     Args:
         memory: any core :class:`~shared_core.memories.base.HierarchicalMemory`.
         search_type: ``"similarity"`` (default: the memory's ranking, best first) or ``"mmr"`` (maximal
-            marginal relevance, Carbonell & Goldstein 1998, as ``langchain_core.vectorstores.utils.
-            maximal_marginal_relevance`` computes it: the memory's ``fetch_k`` best hits, then ``k`` of
+            marginal relevance, Carbonell & Goldstein 1998, as langchain_core's
+            ``maximal_marginal_relevance`` computes it: the memory's ``fetch_k`` best hits, then ``k`` of
             them picked one by one for ``lambda_mult * cos(query, hit) - (1 - lambda_mult) * max cos(hit,
-            picked)`` over the memory's own vectors, :meth:`~shared_core.memories.base.
-            HierarchicalMemory.embed_query` and ``node_vectors``; returned in the order picked).
+            picked)``, over the memory's own vectors (``memory.embed_query``, ``memory.node_vectors``);
+            returned in the order picked).
         k: documents per query, default 4 (LangChain retrievers' usual default); ``None`` = the memory's
             own default (10 for SegTreeMem). ``search_kwargs["k"]`` sets it too (the two must agree when
             both are given).
@@ -89,7 +89,7 @@ class HierMemRetriever(BaseRetriever):
 
     Returns (from ``invoke``):
         Documents, best first (``"mmr"``: in the order picked), ``page_content`` = node text, metadata as
-        :func:`hit_to_document` gives (``score`` the memory's ranking score).
+        :func:`hit_to_document` gives (``score`` is :attr:`Hit.score`).
 
     Raises:
         pydantic.ValidationError: at construction, a ``search_type`` other than :data:`SEARCH_TYPES`
@@ -141,7 +141,9 @@ class HierMemRetriever(BaseRetriever):
         _pop_mmr_params(dict(kw))
         if kw.get("filter") is not None and kw.get("where") is not None:
             raise ValueError("Give search_kwargs filter= or where= (the same condition), not both.")
-        message_filter(kw.get("time_range"), kw.get("filter", kw.get("where")))
+        message_filter(
+            kw.get("time_range"), kw["filter"] if kw.get("filter") is not None else kw.get("where")
+        )
         return self
 
     def _params(self, k: int | None, policy: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -168,19 +170,19 @@ class HierMemRetriever(BaseRetriever):
             return [hit_to_document(h) for h in hits]
         k = self.memory.default_k if params["k"] is None else params["k"]
         params["k"] = fetch_k
-        for attempt in (0, 1):
-            hits = self.memory.retrieve(query, **params)
-            if not hits:
-                return []
-            try:  # a hit deleted by another thread since the retrieval: retrieve again, once
-                vectors = self.memory.node_vectors([h.node_id for h in hits])
-                break
-            except NodeNotFoundError:
-                if attempt:
-                    raise
+        try:
+            hits, vectors = self._hits_and_vectors(query, params)
+        except NodeNotFoundError:  # a hit deleted by another thread since the retrieval: once more
+            hits, vectors = self._hits_and_vectors(query, params)
+        if not hits:
+            return []
         qvec = self.memory.embed_query(query)
         picked = maximal_marginal_relevance(qvec, vectors, lambda_mult=lambda_mult, k=k)  # type: ignore[arg-type]
         return [hit_to_document(hits[i]) for i in picked]
+
+    def _hits_and_vectors(self, query: str, params: dict[str, Any]) -> tuple[list[Hit], np.ndarray]:
+        hits = self.memory.retrieve(query, **params)
+        return hits, self.memory.node_vectors([h.node_id for h in hits]) if hits else np.zeros((0, 0))
 
     def _get_relevant_documents(
         self,

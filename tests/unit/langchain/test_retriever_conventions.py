@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from langchain_hiermem import HierMemEmbeddings, HierMemRetriever, HierMemStore, LangChainEmbedder
 from shared_core import MemTree, SegTreeMem
-from shared_core.types import InvalidInputError, Message
+from shared_core.types import InvalidInputError, Message, NodeNotFoundError
 from tests.support.langgraph_store import EMBEDDINGS, FACTS, MEMORY_KWARGS, index
 from tests.support.memory import HashEmbedder
 
@@ -120,6 +120,29 @@ def test_mmr_defaults_are_langchains_and_filters_apply(mem: SegTreeMem) -> None:
     assert (
         len(HierMemRetriever(memory=mem, search_type="mmr", search_kwargs={"fetch_k": 2}).invoke("tea")) == 2
     )
+
+
+def test_mmr_retrieves_again_when_a_hit_is_deleted_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = _memory()
+    r = HierMemRetriever(memory=memory, search_type="mmr", search_kwargs={"fetch_k": 6})
+    want = [d.id for d in r.invoke("tea")]
+    real, calls = memory.node_vectors, []
+
+    def racing(ids: list[int]) -> Any:  # the first read finds a node gone (fault injection)
+        calls.append(list(ids))
+        if len(calls) == 1:
+            raise NodeNotFoundError(f"No node with id {ids[0]} in this memory.")
+        return real(ids)
+
+    monkeypatch.setattr(memory, "node_vectors", racing)
+    assert [d.id for d in r.invoke("tea")] == want and len(calls) == 2
+    monkeypatch.setattr(memory, "node_vectors", _gone)  # gone again: the error is not hidden
+    with pytest.raises(NodeNotFoundError):
+        r.invoke("tea")
+
+
+def _gone(ids: list[int]) -> Any:
+    raise NodeNotFoundError(f"No node with id {ids[0]} in this memory.")
 
 
 def test_mmr_on_an_empty_memory_returns_nothing() -> None:
