@@ -22,7 +22,14 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from shared_core.models import adapt
 from shared_core.types import InvalidInputError
 
-__all__ = ["HierMemEmbeddings", "LangChainEmbedder", "LangChainLLM", "as_core_embedder", "as_core_llm"]
+__all__ = [
+    "HierMemEmbeddings",
+    "LangChainEmbedder",
+    "LangChainLLM",
+    "as_core_embedder",
+    "as_core_llm",
+    "as_langchain_embeddings",
+]
 
 
 def _source(model: object) -> str:
@@ -252,6 +259,23 @@ def as_core_embedder(embedder: Any) -> Any:
     if isinstance(embedder, Embeddings):
         return LangChainEmbedder(embedder)
     return embedder
+
+
+def as_langchain_embeddings(embedder: Any) -> Embeddings | None:
+    """Return a LangChain ``Embeddings`` for a core embedder (the inverse of :func:`as_core_embedder`).
+
+    Args:
+        embedder: a :class:`LangChainEmbedder` (its ``embeddings`` returned), another core embedder
+            (wrapped in :class:`HierMemEmbeddings`), a LangChain ``Embeddings`` (returned) or ``None``.
+
+    Returns:
+        The ``Embeddings``, or ``None`` for ``None``.
+    """
+    if embedder is None or isinstance(embedder, Embeddings):
+        return embedder
+    if isinstance(embedder, LangChainEmbedder):
+        return embedder.embeddings
+    return HierMemEmbeddings(embedder)
 
 
 def as_core_llm(llm: Any) -> Any:

@@ -36,7 +36,7 @@ from shared_core.memories.base import HierarchicalMemory
 from shared_core.search.filters import message_filter
 from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
 
-from .models import as_core_embedder
+from .models import as_core_embedder, as_langchain_embeddings
 from .retrievers import HierMemRetriever
 from .store_semantics import (
     capture_query_vector,
@@ -181,7 +181,8 @@ class HierMemStore(TTLMixin, BaseStore):
         search_kwargs: the policy's parameters for query searches (e.g. ``{"alpha": 0.1}``), default ``{}``.
         index: LangGraph's ``IndexConfig`` instead of ``embedder`` / ``fields``:
             ``{"dims": 384, "embed": embeddings, "fields": ["text"]}`` (see :func:`embedder_and_fields`);
-            kept (a copy) as :attr:`index_config`, ``None`` without it.
+            kept (a copy) as :attr:`index_config`, ``None`` without it; its ``embed`` as a LangChain
+            ``Embeddings`` in :attr:`embeddings` (``None`` without ``index``), as LangGraph's stores.
         score: what ``SearchItem.score`` of a query search holds: ``"similarity"`` (default; the cosine
             of the query and the item's text, in ``[-1, 1]``, as LangGraph's stores) or ``"relevance"``
             (the memory's ranking figure of the item's best hit, ``Hit.components["rank"]``, e.g.
@@ -238,6 +239,8 @@ class HierMemStore(TTLMixin, BaseStore):
         self._factory = memory_factory
         self._factory_takes_ns = memory_factory is not None and self._takes_argument(memory_factory)
         self._embedder = as_core_embedder(embedder)
+        #: LangChain ``Embeddings`` of ``index["embed"]`` (as LangGraph's stores), else ``None``.
+        self.embeddings = as_langchain_embeddings(self._embedder) if self.index_config else None
         self.fields = list(fields) if fields is not None else None
         self.memory_kwargs = dict(memory_kwargs or {})
         self.policy = policy

@@ -5,8 +5,13 @@
   (recursively, extra keys allowed); a list or tuple matches a list or tuple of the same length element
   by element (so ``("x", "y")`` matches ``["x", "y"]``); a dict of operators applies each of ``$eq $ne
   $gt $gte $lt $lte`` (``$eq`` / ``$ne`` with Python's ``==``, the others on ``float()`` of both sides);
-  anything else is ``==``. A filter key names a top-level field; a key with dots (``"user.level"``) that
-  is not itself a field names a nested field, as in LangGraph's ``SqliteStore`` (``json_extract``).
+  anything else is ``==``. ``$in`` / ``$nin`` (beyond LangGraph's operators: the core's ``where``, see
+  ``shared_core.search.filters``) take a list of scalars; a list-valued field matches ``$in`` when any
+  element is in the list, ``$nin`` when none is; an absent or ``None`` field fails ``$in`` and passes
+  ``$nin``; ``{"$and": [filter, ...]}`` / ``{"$or": [...]}`` at the top combine filters as the core's
+  ``where`` does (another top-level key starting with ``$`` is refused). A filter key names a top-level
+  field; a key with dots (``"user.level"``) that is not itself a field names a nested field, as in
+  LangGraph's ``SqliteStore`` (``json_extract``).
   Departures: an operator whose operands are not numbers (a missing field, a non-numeric string) does
   not match, where ``InMemoryStore`` raises ``TypeError`` / ``ValueError`` from the whole search; an
   unknown operator is refused before the search, whether or not an item reaches it.
@@ -27,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from shared_core.search.filters import check_in_values, in_values
 from shared_core.types import InvalidInputError
 
 __all__ = [
@@ -43,8 +49,10 @@ __all__ = [
     "split_text",
 ]
 
-#: The filter operators LangGraph's stores support.
-OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+#: The filter operators: LangGraph's stores' six, and the core's ``$in`` / ``$nin``.
+OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin")
+#: The core's combinations of filters, at the top of a filter (LangGraph's stores have neither).
+_LOGICAL = ("$and", "$or")
 _MISSING = object()
 
 
@@ -55,8 +63,10 @@ def check_filter(flt: Any) -> None:
         flt: ``None`` or a mapping of field name (or dotted path) to a condition.
 
     Raises:
-        InvalidInputError: not a mapping, a field name that is not a string, or an operator dict (one
-            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`.
+        InvalidInputError: not a mapping, a field name that is not a string, an operator dict (one
+            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`, or an
+            ``$in`` / ``$nin`` without a list of scalars, an ``$and`` / ``$or`` without a non-empty list of
+            non-empty dicts, or another top-level key starting with ``$``.
     """
     if flt is None:
         return
@@ -67,7 +77,19 @@ def check_filter(flt: Any) -> None:
     for key, cond in flt.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"A filter key is a field name (string), got {key!r}.")
-        _check_condition(cond)
+        if key in _LOGICAL:
+            if isinstance(cond, (str, bytes, Mapping)) or not isinstance(cond, Sequence) or not cond:
+                raise InvalidInputError(f"filter {key} takes a non-empty list of filters, got {cond!r}.")
+            for sub in cond:
+                if not isinstance(sub, Mapping) or not sub:
+                    raise InvalidInputError(f"filter {key} takes a list of non-empty dicts, got {sub!r}.")
+                check_filter(sub)
+        elif key.startswith("$"):
+            raise InvalidInputError(
+                f"Unknown filter operator {key!r} at the top of a filter; use $and, $or or a field name."
+            )
+        else:
+            _check_condition(cond)
 
 
 def _check_condition(cond: Any) -> None:
@@ -78,6 +100,9 @@ def _check_condition(cond: Any) -> None:
                 raise InvalidInputError(
                     f"Unsupported filter operator(s) {', '.join(map(repr, bad))}; use {' '.join(OPERATORS)}."
                 )
+            for op in ("$in", "$nin"):
+                if op in cond:
+                    check_in_values(cond[op], f"filter {op}")
             return
         for v in cond.values():
             _check_condition(v)
@@ -119,6 +144,9 @@ def _operator(value: Any, op: Any, arg: Any) -> bool:
         return bool(value == arg)
     if op == "$ne":
         return bool(value != arg)
+    if op in ("$in", "$nin"):
+        found = in_values(value, check_in_values(arg, f"filter {op}"))
+        return found if op == "$in" else not found
     if op in ("$gt", "$gte", "$lt", "$lte"):
         try:
             a, b = float(value), float(arg)
@@ -151,8 +179,20 @@ def field_value(value: Mapping[str, Any], key: str) -> Any:
 
 
 def item_matches(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
-    """Whether an item's value passes a search filter (every key's condition holds; see the module)."""
-    return not flt or all(compare_values(field_value(value, k), c) for k, c in flt.items())
+    """Whether an item's value passes a search filter (every key's condition holds; ``$and`` / ``$or``
+    over a list of filters; see the module)."""
+    if not flt:
+        return True
+    for key, cond in flt.items():
+        if key == "$and":
+            ok = all(item_matches(value, sub) for sub in cond)
+        elif key == "$or":
+            ok = any(item_matches(value, sub) for sub in cond)
+        else:
+            ok = compare_values(field_value(value, key), cond)
+        if not ok:
+            return False
+    return True
 
 
 def json_form(x: Any) -> Any:

@@ -12,10 +12,16 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.schema import NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 from llama_index.core.storage.docstore.types import BaseDocumentStore
-from llama_index.core.vector_stores.types import FilterCondition, MetadataFilter, MetadataFilters
+from llama_index.core.vector_stores.types import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+)
 from llama_index.core.vector_stores.utils import build_metadata_filter_fn
 
 from shared_core.memories.base import HierarchicalMemory
+from shared_core.search.filters import check_in_values, in_values
 from shared_core.types import Hit, InvalidInputError, Message, UnknownPolicyError
 
 __all__ = [
@@ -56,7 +62,10 @@ def metadata_matcher(filters: MetadataFilters) -> Callable[[Mapping[str, Any]], 
     """A predicate over a metadata dict for LlamaIndex ``MetadataFilters`` (nested filters included).
 
     Each single filter is evaluated as LlamaIndex's own vector stores do
-    (``llama_index.core.vector_stores.utils.build_metadata_filter_fn``); the filters of one level are
+    (``llama_index.core.vector_stores.utils.build_metadata_filter_fn``), except ``in`` / ``nin``, which
+    follow the core's ``$in`` / ``$nin`` (``shared_core.search.filters.in_values``): a list-valued field
+    is in the list when any of its elements is, and the value must be a list of scalars (LlamaIndex
+    compares the whole list, and tests a string value by substring); the filters of one level are
     combined by their ``condition`` (``and`` by default, ``or``, ``not`` = none matches). A comparison
     that cannot be made (e.g. ``"a" > 1``, a text match on a number) does not match.
 
@@ -68,7 +77,8 @@ def metadata_matcher(filters: MetadataFilters) -> Callable[[Mapping[str, Any]], 
 
     Raises:
         InvalidInputError: ``filters`` is not a ``MetadataFilters`` (or holds something else than
-            ``MetadataFilter`` / ``MetadataFilters``).
+            ``MetadataFilter`` / ``MetadataFilters``), or an ``in`` / ``nin`` filter whose value is not a
+            list of scalars.
     """
     if not isinstance(filters, MetadataFilters):
         raise InvalidInputError(
@@ -96,6 +106,10 @@ def metadata_matcher(filters: MetadataFilters) -> Callable[[Mapping[str, Any]], 
 
 
 def _single_matcher(f: MetadataFilter) -> Callable[[Mapping[str, Any]], bool]:
+    if f.operator in (FilterOperator.IN, FilterOperator.NIN):  # the core's rule, list-valued fields too
+        values = check_in_values(f.value, f"MetadataFilter {f.key!r} {f.operator.value}")
+        nin = f.operator == FilterOperator.NIN
+        return lambda md: in_values(md.get(f.key), values) != nin
     # LlamaIndex's evaluator looks metadata up by node id; here the "id" handed to it is the metadata.
     fn = build_metadata_filter_fn(lambda md: md, MetadataFilters(filters=[f]))  # type: ignore[arg-type,return-value]
 
@@ -166,12 +180,14 @@ def hit_to_node(
 ) -> TextNode:
     """The LlamaIndex node of one hit.
 
-    A leaf whose source id names a node in ``docstore`` is returned as that stored node (unchanged).
-    Any other hit becomes a new :class:`~llama_index.core.schema.TextNode` with the hit's text; its
-    metadata carries the message fields (leaves) and the structure keys ``node_id`` (core node id, int),
-    ``depth``, ``span`` (``[first, last]`` insertion indices, 0-based), ``source_ids``, ``is_leaf``,
-    ``level``, ``kind`` and ``policy``, all hidden from the LLM and embedding views. An internal node
-    has a ``CHILD`` relationship to each leaf under it that has a source id (the docstore's nodes).
+    Every node's metadata carries the structure keys ``node_id`` (core node id, int), ``depth``, ``span``
+    (``[first, last]`` insertion indices, 0-based), ``source_ids`` (list of str), ``is_leaf``, ``level``,
+    ``kind`` and ``policy``, all hidden from the LLM and embedding views (they replace metadata keys of
+    the same names). A leaf whose source id names a node in ``docstore`` is returned as a copy of that
+    stored node (same id, text, relationships and metadata) with the structure keys added; the stored
+    node is not changed. Any other hit becomes a new :class:`~llama_index.core.schema.TextNode` with the
+    hit's text and the message fields (leaves) in its metadata. An internal node has a ``CHILD``
+    relationship to each leaf under it that has a source id (the docstore's nodes).
 
     Args:
         hit: a core :class:`~shared_core.types.Hit`.
@@ -180,15 +196,11 @@ def hit_to_node(
             leaf with a source id keeps that id.
 
     Returns:
-        A ``TextNode`` (or whatever node type the docstore holds for the leaf).
+        A ``TextNode`` (or a copy of whatever node type the docstore holds for the leaf).
 
     References:
         LlamaIndex ``TextNode`` / ``NodeRelationship.CHILD``; core :class:`~shared_core.types.Hit`.
     """
-    if hit.is_leaf and hit.source_ids and docstore is not None:
-        stored = docstore.get_node(hit.source_ids[0], raise_error=False)
-        if stored is not None:
-            return stored
     meta: dict[str, Any] = {k: v for k, v in hit.metadata.items() if _json_scalar(v) and v is not None}
     meta.update(
         {
@@ -200,6 +212,18 @@ def hit_to_node(
         }
     )
     hidden = [k for k in STRUCTURE_KEYS if k in meta]
+    if hit.is_leaf and hit.source_ids and docstore is not None:
+        stored = docstore.get_node(hit.source_ids[0], raise_error=False)
+        if stored is not None:  # a copy: the docstore's node is left as it is
+            node = stored.model_copy()
+            node.metadata = {**stored.metadata, **{k: meta[k] for k in hidden}}
+            node.excluded_llm_metadata_keys = list(
+                dict.fromkeys([*stored.excluded_llm_metadata_keys, *hidden])
+            )
+            node.excluded_embed_metadata_keys = list(
+                dict.fromkeys([*stored.excluded_embed_metadata_keys, *hidden])
+            )
+            return node
     if hit.is_leaf:
         node_id = hit.source_ids[0] if hit.source_ids else f"{id_prefix}{hit.node_id}"
         rel: dict[NodeRelationship, Any] = {}

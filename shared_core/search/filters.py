@@ -15,6 +15,14 @@ a summary. The memories apply it before top-k; propagation still runs over the w
 
 A message without the field fails every operator but ``$ne`` and ``$nin``. Order comparisons hold only
 between numbers or between strings (anything else fails, it is not an error).
+
+Lists (:func:`in_values`): ``$in`` / ``$nin`` take a list of scalars (str, int, float, bool; not
+``None``). A scalar field matches ``$in`` when it equals one of them; a list-valued field (a list or
+tuple, e.g. ``"tags": ["finance", "q3"]``) when any of its elements does; ``$nin`` is the negation, and a
+field that is absent or ``None`` is in no list (``$in`` fails, ``$nin`` holds, as LlamaIndex's
+``MetadataFilter`` ``in`` / ``nin`` treat a missing value). Equality (``{"field": value}``, ``$eq``,
+``$ne``) compares the whole value, as LangGraph's ``InMemoryStore`` does: ``{"tags": "finance"}`` does
+not match ``["finance", "q3"]`` (use ``$in``), ``{"tags": ["finance", "q3"]}`` does.
 """
 
 from __future__ import annotations
@@ -27,7 +35,16 @@ from typing import Any
 
 from ..types import InvalidInputError, Message, parse_timestamp
 
-__all__ = ["MessageFilter", "TimeRange", "message_filter", "parse_as_of", "parse_time_range", "where_matcher"]
+__all__ = [
+    "MessageFilter",
+    "TimeRange",
+    "check_in_values",
+    "in_values",
+    "message_filter",
+    "parse_as_of",
+    "parse_time_range",
+    "where_matcher",
+]
 
 #: ``(start, end)``: each a ``datetime``, a ``date``, an ISO-8601 string or ``None`` (open end)
 TimeRange = tuple[Any, Any]
@@ -122,9 +139,9 @@ def _apply(op: str, present: bool, value: Any, arg: Any) -> bool:
     if op == "$ne":
         return not present or value != arg
     if op == "$in":
-        return present and value in arg
+        return present and in_values(value, arg)
     if op == "$nin":
-        return not present or value not in arg
+        return not (present and in_values(value, arg))
     if not present or not _ordered(value, arg):
         return False
     if op == "$gt":
@@ -134,6 +151,53 @@ def _apply(op: str, present: bool, value: Any, arg: Any) -> bool:
     if op == "$lt":
         return value < arg
     return value <= arg
+
+
+def _scalar(x: Any) -> bool:
+    return isinstance(x, (str, int, float)) and not (isinstance(x, float) and x != x)
+
+
+def check_in_values(values: Any, where: str) -> list[Any]:
+    """Validate the list of an ``$in`` / ``$nin`` condition (module docstring, "Lists").
+
+    Args:
+        values: the condition's argument.
+        where: where it stands, for the message (e.g. ``"where.tags.$in"``).
+
+    Returns:
+        ``values`` as a list.
+
+    Raises:
+        InvalidInputError: not a list or tuple, or an element that is not a str, int, float or bool
+            (``None``, NaN, a list, a dict), naming it.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise InvalidInputError(f"{where} takes a list of values, e.g. ['a', 'b']; got {values!r}.")
+    for v in values:
+        if not _scalar(v):
+            raise InvalidInputError(
+                f"{where} lists strings, numbers or booleans; got {v!r} (an absent or None field is in no "
+                "list: it fails $in and passes $nin)."
+            )
+    return list(values)
+
+
+def in_values(value: Any, values: Sequence[Any]) -> bool:
+    """Whether a field's value is in an ``$in`` list: a list or tuple value when any element is (``==``),
+    another value when it is itself; ``None`` (an absent field) never is.
+
+    Args:
+        value: the field's value (``None`` when absent).
+        values: the condition's list (see :func:`check_in_values`).
+
+    Returns:
+        The verdict of ``$in``; ``$nin`` is its negation.
+    """
+    if value is None:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(v is not None and v in values for v in value)
+    return bool(value in values)
 
 
 def _compile(where: Any, path: str) -> Callable[[Mapping[str, Any]], bool]:
@@ -164,9 +228,7 @@ def _compile(where: Any, path: str) -> Callable[[Mapping[str, Any]], bool]:
                         f"{path}.{key}: unknown operator {op!r}; choose one of {', '.join(_OPERATORS)}."
                     )
                 if op in ("$in", "$nin"):
-                    if isinstance(arg, (str, bytes, Mapping)) or not isinstance(arg, Sequence):
-                        raise InvalidInputError(f"{path}.{key}.{op} takes a list of values; got {arg!r}.")
-                    arg = list(arg)
+                    arg = check_in_values(arg, f"{path}.{key}.{op}")
                 elif op in _COMPARE and not _ordered(arg, arg):
                     raise InvalidInputError(f"{path}.{key}.{op} takes a number or a string; got {arg!r}.")
                 ops.append((op, arg))

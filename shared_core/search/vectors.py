@@ -9,6 +9,7 @@ embedded or composed from its sentences' cached vectors (``annotation_vectors``)
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..models.base import validate_embeddings
+from ..types import InvalidInputError, NodeNotFoundError
 from .index import normalize_rows
 
 if TYPE_CHECKING:
@@ -40,6 +42,61 @@ class NodeVectors:
     _tx_vecs: dict[str, np.ndarray]
     _tx_composed: dict[str, np.ndarray]
     _tx_usage: Usage
+    _lock: threading.RLock
+
+    if TYPE_CHECKING:
+
+        def _sync_store(self) -> None: ...
+
+        def _embed_query(self, query: str) -> np.ndarray: ...
+
+    def embed_query(self, query: str) -> np.ndarray:
+        """The memory's own embedding of a query, as retrieval compares it with node vectors.
+
+        Args:
+            query: the query text (non-empty).
+
+        Returns:
+            ``float32`` array of shape ``(dim,)``, unit L2 norm (a zero vector stays zero). One embedding
+            call, counted with the queries' usage.
+
+        Raises:
+            InvalidInputError: ``query`` is not a non-empty string.
+            EmbeddingError: the embedder returned a vector of the wrong shape or with NaN / inf.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-empty string, got {query!r}.")
+        with self._lock:
+            return np.asarray(self._embed_query(query), dtype=np.float32)
+
+    def node_vectors(self, node_ids: Sequence[int]) -> np.ndarray:
+        """The vectors retrieval compares a query with, for the given nodes (e.g. :attr:`Hit.node_id` s).
+
+        A leaf's vector is its message's embedding; a summary's is its text's (embedded or composed, see
+        ``annotation_vectors``). Read after catching up with a shared store.
+
+        Args:
+            node_ids: node ids (ints), in the order wanted; repeats allowed.
+
+        Returns:
+            ``float32`` array of shape ``(len(node_ids), dim)``, rows of unit L2 norm, row ``i`` for
+            ``node_ids[i]`` (shape ``(0, dim)`` for no ids).
+
+        Raises:
+            InvalidInputError: an id that is not an integer.
+            NodeNotFoundError: an id the memory does not hold (e.g. deleted since it was retrieved),
+                named in the message.
+        """
+        ids = list(node_ids)
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer))]
+        if bad:
+            raise InvalidInputError(f"node ids are integers, got {bad[0]!r}.")
+        with self._lock:
+            self._sync_store()
+            missing = [int(i) for i in ids if int(i) not in self._store.nodes]
+            if missing:
+                raise NodeNotFoundError(f"No node with id {missing[0]} in this memory.")
+            return np.asarray(self._vectors([int(i) for i in ids]), dtype=np.float32)
 
     @property
     def dim(self) -> int | None:

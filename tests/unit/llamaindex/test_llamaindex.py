@@ -35,6 +35,7 @@ from llamaindex_hiermem import (
     resolve_embedder,
     resolve_llm,
 )
+from llamaindex_hiermem.retrievers import STRUCTURE_KEYS
 from shared_core import SegTreeMem
 from shared_core.models.local import LocalEmbedder
 from shared_core.types import (
@@ -182,7 +183,9 @@ def test_retriever_matches_core_hits_and_builds_internal_nodes(built):
         assert node.get_content(metadata_mode=MetadataMode.NONE) == h.text
         if h.is_leaf:
             assert node.node_id == h.source_ids[0]
-            assert node == built.docstore.get_node(node.node_id)  # the stored TextNode itself
+            stored = built.docstore.get_node(node.node_id)  # a copy of it, with the structure keys
+            assert (node.text, node.relationships) == (stored.text, stored.relationships)
+            assert node.metadata == {**stored.metadata, **{k: node.metadata[k] for k in STRUCTURE_KEYS}}
         else:
             assert node.node_id == f"{built.index_id}/{h.node_id}"
             md = node.metadata
