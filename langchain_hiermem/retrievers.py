@@ -18,9 +18,8 @@ from shared_core.types import Hit, InvalidInputError, NodeNotFoundError
 
 __all__ = ["SEARCH_TYPES", "HierMemRetriever", "hit_to_document"]
 
-#: The ``search_type`` values the retriever takes (LangChain ``VectorStoreRetriever``'s, less
-#: ``similarity_score_threshold``).
-SEARCH_TYPES = ("similarity", "mmr")
+#: The ``search_type`` values the retriever takes (LangChain ``VectorStoreRetriever``'s).
+SEARCH_TYPES = ("similarity", "similarity_score_threshold", "mmr")
 #: LangChain's defaults of ``max_marginal_relevance_search``.
 _FETCH_K, _LAMBDA_MULT = 20, 0.5
 
@@ -69,7 +68,9 @@ class HierMemRetriever(BaseRetriever):
             ``maximal_marginal_relevance`` computes it: the memory's ``fetch_k`` best hits, then ``k`` of
             them picked one by one for ``lambda_mult * cos(query, hit) - (1 - lambda_mult) * max cos(hit,
             picked)``, over the memory's own vectors (``memory.embed_query``, ``memory.node_vectors``);
-            returned in the order picked).
+            returned in the order picked) or ``"similarity_score_threshold"`` (the memory's ranking, only
+            the hits whose :attr:`~shared_core.types.Hit.score`, the cosine similarity of query and text
+            in ``[0, 1]``, is at least ``search_kwargs["score_threshold"]``, which it requires).
         k: documents per query, default 4 (LangChain retrievers' usual default); ``None`` = the memory's
             own default (10 for SegTreeMem). ``search_kwargs["k"]`` sets it too (the two must agree when
             both are given).
@@ -85,7 +86,9 @@ class HierMemRetriever(BaseRetriever):
             back only when every message under it passes. ``fetch_k`` (int >= 1, default 20) and
             ``lambda_mult`` (float in [0, 1], default 0.5: 1 = relevance only, 0 = diversity only) for
             ``"mmr"`` (ignored by ``"similarity"``, as vector stores ignore them). Anything else is a
-            policy parameter, e.g. ``{"alpha": 0.1, "horizon": 2}``.
+            policy parameter, e.g. ``{"alpha": 0.1, "horizon": 2}``. ``score_threshold`` (float in
+            [0, 1]) keeps only the hits scoring at least that (``memory.retrieve(min_score=...)``), under
+            any search type.
 
     Returns (from ``invoke``):
         Documents, best first (``"mmr"``: in the order picked), ``page_content`` = node text, metadata as
@@ -139,6 +142,12 @@ class HierMemRetriever(BaseRetriever):
             if "k" in self.model_fields_set and self.k != kw["k"]:
                 raise ValueError(f"k={self.k!r} and search_kwargs['k']={kw['k']!r} disagree; give one.")
         _pop_mmr_params(dict(kw))
+        if self.search_type == "similarity_score_threshold" and kw.get("score_threshold") is None:
+            raise ValueError(
+                "search_type 'similarity_score_threshold' needs search_kwargs['score_threshold'] "
+                "(a number in [0, 1])."
+            )
+        _check_threshold(kw.get("score_threshold"))
         if kw.get("filter") is not None and kw.get("where") is not None:
             raise ValueError("Give search_kwargs filter= or where= (the same condition), not both.")
         message_filter(
@@ -153,6 +162,8 @@ class HierMemRetriever(BaseRetriever):
             if params.get("where") is not None:
                 raise InvalidInputError("Give filter= or where= (the same condition), not both.")
             params["where"] = params.pop("filter")
+        if "score_threshold" in params:
+            params["min_score"] = _check_threshold(params.pop("score_threshold"))
         if "max_tokens" not in params and self.max_tokens is not None:
             params["max_tokens"] = self.max_tokens
         if k is None:
@@ -165,7 +176,7 @@ class HierMemRetriever(BaseRetriever):
 
     def _search(self, query: str, params: dict[str, Any]) -> list[Document]:
         fetch_k, lambda_mult = _pop_mmr_params(params)
-        if self.search_type == "similarity":
+        if self.search_type != "mmr":
             hits = self.memory.retrieve(query, **params)
             return [hit_to_document(h) for h in hits]
         k = self.memory.default_k if params["k"] is None else params["k"]
@@ -210,6 +221,14 @@ class HierMemRetriever(BaseRetriever):
         _pop_mmr_params(params)
         hits = await self.memory.aretrieve(query, **params)
         return [hit_to_document(h) for h in hits]
+
+
+def _check_threshold(v: Any) -> float | None:
+    if v is not None and (
+        isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0.0 <= v <= 1.0
+    ):
+        raise InvalidInputError(f"score_threshold must be a number in [0, 1], got {v!r}.")
+    return None if v is None else float(v)
 
 
 def _check_k(k: Any) -> None:

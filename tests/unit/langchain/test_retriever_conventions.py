@@ -74,12 +74,37 @@ def test_bad_search_kwargs_are_refused_at_construction(mem: SegTreeMem, kwargs: 
 
 
 # ---------------------------------------------------------------------------------------------- search_type
-@pytest.mark.parametrize("search_type", ["similarity_score_threshold", "MMR", "hybrid", ""])
+@pytest.mark.parametrize("search_type", ["similarity_score", "MMR", "hybrid", ""])
 def test_an_unsupported_search_type_is_refused_at_construction_by_name(
     mem: SegTreeMem, search_type: str
 ) -> None:
     with pytest.raises(ValidationError, match=f"search_type {search_type!r} is not supported"):
         HierMemRetriever(memory=mem, search_type=search_type)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.6, 0.9, 1.0])
+def test_similarity_score_threshold_keeps_the_hits_scoring_at_least_it(
+    mem: SegTreeMem, threshold: float
+) -> None:
+    r = HierMemRetriever(
+        memory=mem,
+        search_type="similarity_score_threshold",
+        search_kwargs={"k": 6, "score_threshold": threshold},
+    )
+    want = [h.node_id for h in mem.retrieve("note about tea", k=6) if h.score >= threshold]
+    got = r.invoke("note about tea")
+    assert [d.metadata["node_id"] for d in got] == want
+    assert all(d.metadata["score"] >= threshold for d in got)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"score_threshold": None}, {"score_threshold": 1.5}, {"score_threshold": "x"}]
+)
+def test_similarity_score_threshold_needs_a_threshold_in_the_unit_interval(
+    mem: SegTreeMem, kwargs: dict
+) -> None:
+    with pytest.raises(ValidationError, match="score_threshold"):
+        HierMemRetriever(memory=mem, search_type="similarity_score_threshold", search_kwargs=kwargs)
 
 
 def test_similarity_is_the_default_and_the_memory_ranking(mem: SegTreeMem) -> None:
