@@ -39,7 +39,6 @@ from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotF
 from .models import as_core_embedder, as_langchain_embeddings
 from .retrievers import HierMemRetriever
 from .store_semantics import (
-    capture_query_vector,
     check_filter,
     embedder_and_fields,
     item_matches,
@@ -347,7 +346,7 @@ class HierMemStore(TTLMixin, BaseStore):
                 "namespaces never share a memory: build a new one on every call (e.g. "
                 "lambda: SegTreeMem(embedder=emb))."
             )
-        if len(mem) or mem._store.nodes:
+        if len(mem) or mem.stats()["nodes"]:
             raise InvalidInputError(
                 f"memory_factory returned a memory that already holds {len(mem)} message(s) for the new "
                 f"namespace {namespace!r}; it must return a new, empty memory on every call."
@@ -703,26 +702,25 @@ class HierMemStore(TTLMixin, BaseStore):
         if keep is not None:
             params["where"] = self._where(space, twins, keep, params.get("where"))
         k = want
-        with capture_query_vector(mem) as qvecs:
-            for _ in range(_MAX_WIDEN):
-                hits = mem.retrieve(query, k=k, policy=self.policy, **params)
-                out: list[tuple[Item, float]] = []
-                seen: set[str] = set()
-                for h in hits:
-                    keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
-                    for key in keys:
-                        item = space.items.get(key)
-                        if key in seen or item is None or (keep is not None and not keep(item)):
-                            continue
-                        seen.add(key)
-                        out.append((item, h.components.get("rank", h.score)))
-                if len(out) >= want or len(hits) < k:
-                    break
-                k *= 2
+        for _ in range(_MAX_WIDEN):
+            hits = mem.retrieve(query, k=k, policy=self.policy, **params)
+            out: list[tuple[Item, float]] = []
+            seen: set[str] = set()
+            for h in hits:
+                keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
+                for key in keys:
+                    item = space.items.get(key)
+                    if key in seen or item is None or (keep is not None and not keep(item)):
+                        continue
+                    seen.add(key)
+                    out.append((item, h.components.get("rank", h.score)))
+            if len(out) >= want or len(hits) < k:
+                break
+            k *= 2
         out = out[:want]
         if self.score == "similarity" and out:
             leaves = {it.key: space.leaves.get(it.key, []) for it, _ in out}
-            sims = similarity_scores(mem, query, leaves, qvecs)
+            sims = similarity_scores(mem, query, leaves)
             return [self._search_item(it, sims.get(it.key)) for it, _ in out]
         return [self._search_item(it, score) for it, score in out]
 

@@ -511,9 +511,9 @@ class DurableHierMemStore(HierMemStore):
         """
         if mem is not None and self._shared:
             mem.refresh()  # what other processes committed to the memory
-        st = mem._store if mem is not None else None
-        present = set(st.leaves()) if st is not None else set()
-        by_source = st.by_source if st is not None else {}
+        view = mem.tree_view() if mem is not None else None
+        present = set(view.leaves) if view is not None else set()
+        by_source = view.by_source if view is not None else {}
         fixes: dict[str, list[tuple[int, str]]] = {}
         for key, lids in space.leaves.items():
             mine = set(by_source.get(key, ()))
@@ -535,10 +535,10 @@ class DurableHierMemStore(HierMemStore):
                 else:
                     space.leaves.pop(key, None)
                     space.texts.pop(key, None)
-        if mem is None or st is None:
+        if mem is None or view is None:
             return
         referenced = {lid for lids in space.leaves.values() for lid in lids}
-        for lid in [lid for lid in st.leaves() if lid not in referenced]:
+        for lid in [lid for lid in view.leaves if lid not in referenced]:
             try:
                 mem.delete(lid)
             except NodeNotFoundError:

@@ -26,8 +26,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,6 @@ from shared_core.types import InvalidInputError
 __all__ = [
     "OPERATORS",
     "embedder_and_fields",
-    "capture_query_vector",
     "check_filter",
     "compare_values",
     "cosine_scores",
@@ -249,50 +247,26 @@ def split_text(text: str, limit: int) -> list[str]:
     return parts
 
 
-@contextmanager
-def capture_query_vector(mem: Any) -> Iterator[dict[str, np.ndarray]]:
-    """While the block runs, record the query vectors ``mem`` computes (its ``_embed_query``), by query
-    text, so a score can reuse the memory's own embedding of the query instead of embedding it again."""
-    seen: dict[str, np.ndarray] = {}
-    inner = mem._embed_query
-
-    def embed_query(query: str) -> np.ndarray:
-        v = inner(query)
-        seen[query] = v
-        return v
-
-    mem._embed_query = embed_query
-    try:
-        yield seen
-    finally:
-        with suppress(AttributeError):
-            del mem._embed_query
-
-
-def similarity_scores(
-    mem: Any, query: str, leaves: Mapping[str, Sequence[int]], seen: Mapping[str, np.ndarray]
-) -> dict[str, float]:
+def similarity_scores(mem: Any, query: str, leaves: Mapping[str, Sequence[int]]) -> dict[str, float]:
     """Per key, the cosine similarity of the query and the key's embedded texts, the best one counting
     (LangGraph's max pooling over an item's fields).
 
     Args:
-        mem: the namespace's memory (its node vectors are read, nothing is embedded for the items).
-        query: the query; embedded (once) only when the retrieval did not embed it (not in ``seen``).
+        mem: the namespace's memory (:meth:`~shared_core.search.vectors.NodeVectors.similarities` reads
+            its node vectors; the query's embedding is the one its retrieval just made).
+        query: the query.
         leaves: the memory leaves of each key to score.
-        seen: the query vectors the retrieval computed (:func:`capture_query_vector`).
 
     Returns:
         ``{key: score}`` with scores in ``[-1, 1]``, for keys that have at least one leaf in the memory.
     """
-    with mem._lock:
-        qvec = seen[query] if query in seen else mem._embed_query(query)
-        nodes = mem._store.nodes
-        out: dict[str, float] = {}
-        for key, lids in leaves.items():
-            present = [lid for lid in lids if lid in nodes]
-            if present:
-                out[key] = float(cosine_scores(qvec, mem._vectors(present)).max())
-        return out
+    sims = mem.similarities(query, [lid for lids in leaves.values() for lid in lids])
+    out: dict[str, float] = {}
+    for key, lids in leaves.items():
+        got = [sims[lid] for lid in lids if lid in sims]
+        if got:
+            out[key] = max(got)
+    return out
 
 
 def embedder_and_fields(index: Mapping[str, Any]) -> tuple[Any, list[str] | None]:

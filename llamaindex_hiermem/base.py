@@ -269,19 +269,16 @@ class HierMemIndex(BaseIndex[IndexGraph]):
         prefix = f"{g.index_id}/"
         ids: dict[int, str] = {}
         leaves: set[str] = set()
-        mem = self._memory
-        with mem._lock:  # a consistent read of the node store (no copy of the texts)
-            store = mem._store
-            root = store.root
-            for nid in sorted(store.nodes):
-                node = store.nodes[nid]
-                sid = node.message.id if node.is_leaf and node.message is not None else None
-                if sid:
-                    ids[nid] = sid
-                    leaves.add(sid)
-                else:
-                    ids[nid] = f"{prefix}{nid}"
-            children = {ids[nid]: [ids[c] for c in node.children] for nid, node in store.nodes.items()}
+        view = self._memory.tree_view()  # a consistent, copied read of the tree
+        root = view.root
+        for nid, node in view.nodes.items():
+            sid = node.source_id if node.is_leaf else None
+            if sid:
+                ids[nid] = sid
+                leaves.add(sid)
+            else:
+                ids[nid] = f"{prefix}{nid}"
+        children = {ids[nid]: [ids[c] for c in node.children] for nid, node in view.nodes.items()}
         g.all_nodes = ids
         g.root_nodes = {} if root is None else {root: ids[root]}
         g.node_id_to_children_ids = children

@@ -59,15 +59,13 @@ def _session_key(sid: Any) -> str | None:
 
 def _recorded_sessions(memory: HierarchicalMemory) -> set[str]:
     """Session ids recorded in the metadata of a memory's stored messages."""
-    with memory._lock:  # a consistent read of the node store
-        store = memory._store
-        found = set()
-        for lid in store.leaves():
-            msg = store.nodes[lid].message
-            sid = msg.metadata.get("session_id") if msg is not None and msg.metadata else None
-            if sid is not None:
-                found.add(str(sid))
-        return found
+    found = set()
+    for node in memory.tree_view().nodes.values():
+        msg = node.message
+        sid = msg.metadata.get("session_id") if msg is not None and msg.metadata else None
+        if sid is not None:
+            found.add(str(sid))
+    return found
 
 
 class HierMemBlock(BaseMemoryBlock[str]):

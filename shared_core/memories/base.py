@@ -46,6 +46,7 @@ from ..types import (
     check_message_fields,
 )
 from .forgetting import Forgetting
+from .reading import Reading
 from .store_binding import StoreBinding
 
 __all__ = [
@@ -66,7 +67,7 @@ ANNOTATION_VECTORS = ("composed", "embedded")
 M = TypeVar("M", bound="HierarchicalMemory")
 
 
-class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC):
+class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading, abc.ABC):
     """Base class of the hierarchical memories.
 
     Args:
@@ -429,6 +430,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         self._ns, self._ns_of, self._ns_dirty = None, None, set()
         self._set_state(self._initial_state())
         self._version += 1
+        self._query_memo = None
         self._forget_all(old)
 
     def _initial_state(self) -> dict[str, Any]:
@@ -531,6 +533,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         self._state_snapshot = None
         self._usage += self._tx_usage
         self._version += 1
+        self._query_memo = None  # the last query's vector: its text may quote what was deleted
         if forgotten:  # a deletion: the caches of the process forget its texts too
             self._forget_texts(forgotten, set(live), gone)
         if interrupted is not None:
@@ -656,7 +659,6 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             self._max_tokens = max_tokens
             self._allowed = None if flt is None else self._allowed_nodes(flt)
             self.last_candidates = None
-            self._query_memo = None
             cue = self._time_cue(query, None if flt is None else flt.as_of, time_weight)
             fetch = k if cue is None else max(4 * k, 40)
             try:
@@ -667,7 +669,6 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             finally:
                 self._max_tokens = None
                 self._allowed = None
-                self._query_memo = None
         if min_score is not None:
             hits = [h for h in hits if h.score >= min_score]
         return hits

@@ -199,3 +199,4 @@ class StoreBinding:
         self._index = index
         self._lexical = None
         self._version += 1
+        self._query_memo = None

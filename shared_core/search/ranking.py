@@ -175,8 +175,8 @@ class Ranking(CandidateSearch):
 
         return time_rerank(cands, when, cue[0], cue[1], self.order_weight)
 
-    #: ``(query, vector)`` of the retrieval under way: a query is embedded once per call, however many
-    #: of its steps read it (set to ``None`` when a retrieval starts and ends)
+    #: ``(query, vector)`` of the last query embedded: a query is embedded once per retrieval, however
+    #: many of its steps read it, and :meth:`similarities` right after it reuses the vector
     _query_memo: tuple[str, np.ndarray] | None = None
 
     def _embed_query(self, query: str) -> np.ndarray:

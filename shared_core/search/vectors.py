@@ -18,7 +18,7 @@ import numpy as np
 
 from ..models.base import validate_embeddings
 from ..types import InvalidInputError, NodeNotFoundError
-from .index import normalize_rows
+from .index import inner_products, normalize_rows, unit_row_norm
 
 if TYPE_CHECKING:
     from ..models.base import Embedder, Summarizer
@@ -69,6 +69,38 @@ class NodeVectors:
         with self._lock:
             return np.asarray(self._embed_query(query), dtype=np.float32)
 
+    def similarities(self, query: str, node_ids: Sequence[int]) -> dict[int, float]:
+        """The cosine similarity of a query and each given node's vector, as :attr:`Hit.score` reads it
+        before clipping (``Hit.components["dense"]``), for the nodes the memory holds.
+
+        The query is embedded once per query text: a call right after ``retrieve`` of the same query
+        reuses that retrieval's embedding. Read after catching up with a shared store.
+
+        Args:
+            query: the query text (non-empty).
+            node_ids: node ids (ints), e.g. the leaves of an item; ids not held are left out.
+
+        Returns:
+            ``{node_id: cosine}`` with cosines in ``[-1, 1]`` (float32 values as floats, the same on every
+            CPU: :func:`~shared_core.scores.inner_products`), in the order of ``node_ids``.
+
+        Raises:
+            InvalidInputError: ``query`` is not a non-empty string, or an id is not an integer.
+            EmbeddingError: the embedder returned a vector of the wrong shape or with NaN / inf.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-empty string, got {query!r}.")
+        ids = _node_ids(node_ids)
+        with self._lock:
+            self._sync_store()
+            present = list(dict.fromkeys(i for i in ids if i in self._store.nodes))
+            if not present:
+                return {}
+            qvec = self._embed_query(query)
+            vecs = self._vectors(present)
+            cos = inner_products(vecs, qvec, row_norm=unit_row_norm(vecs.shape[1]))
+            return dict(zip(present, (float(c) for c in cos)))
+
     def node_vectors(self, node_ids: Sequence[int]) -> np.ndarray:
         """The vectors retrieval compares a query with, for the given nodes (e.g. :attr:`Hit.node_id` s).
 
@@ -87,16 +119,13 @@ class NodeVectors:
             NodeNotFoundError: an id the memory does not hold (e.g. deleted since it was retrieved),
                 named in the message.
         """
-        ids = list(node_ids)
-        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer))]
-        if bad:
-            raise InvalidInputError(f"node ids are integers, got {bad[0]!r}.")
+        ids = _node_ids(node_ids)
         with self._lock:
             self._sync_store()
-            missing = [int(i) for i in ids if int(i) not in self._store.nodes]
+            missing = [i for i in ids if i not in self._store.nodes]
             if missing:
                 raise NodeNotFoundError(f"No node with id {missing[0]} in this memory.")
-            return np.asarray(self._vectors([int(i) for i in ids]), dtype=np.float32)
+            return np.asarray(self._vectors(ids), dtype=np.float32)
 
     @property
     def dim(self) -> int | None:
@@ -255,3 +284,16 @@ class NodeVectors:
         vecs = self._node_vecs(need, usage)
         for i, v in zip(need, vecs):
             self._pending[i] = (st.nodes[i].text, v)
+
+
+def _node_ids(node_ids: Sequence[int]) -> list[int]:
+    """Node ids as ints, in order.
+
+    Raises:
+        InvalidInputError: an id that is not an integer (bools are not ids).
+    """
+    ids = list(node_ids)
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer))]
+    if bad:
+        raise InvalidInputError(f"node ids are integers, got {bad[0]!r}.")
+    return [int(i) for i in ids]
