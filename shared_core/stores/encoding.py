@@ -443,6 +443,7 @@ def apply_changes(
         mem._lex_dirty |= {i for i in changed if st.nodes[i].text}
         mem._lex_removed |= drop
     mem._version += 1
+    mem._query_memo = None
     if forgotten:  # another process deleted messages: this process's caches forget them too
         mem._forget_texts(forgotten, {i for i in changed if st.nodes[i].text}, drop)
 
