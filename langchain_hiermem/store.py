@@ -39,6 +39,7 @@ from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotF
 from .models import as_core_embedder, as_langchain_embeddings
 from .retrievers import HierMemRetriever
 from .store_semantics import (
+    ScoreThreshold,
     check_filter,
     embedder_and_fields,
     item_matches,
@@ -132,7 +133,7 @@ def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
     return all(p == "*" or p == n for p, n in zip(path, part))
 
 
-class HierMemStore(TTLMixin, BaseStore):
+class HierMemStore(TTLMixin, ScoreThreshold, BaseStore):
     """A LangGraph long-term memory store backed by hiermem memories, one per namespace.
 
     Items are kept as key -> value dicts per namespace (``get``, listing, filters) and the text of each

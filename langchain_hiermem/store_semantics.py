@@ -35,6 +35,7 @@ from shared_core.search.filters import check_in_values, in_values
 from shared_core.types import InvalidInputError
 
 __all__ = [
+    "ScoreThreshold",
     "OPERATORS",
     "embedder_and_fields",
     "check_filter",
@@ -326,3 +327,49 @@ def embedder_and_fields(index: Mapping[str, Any]) -> tuple[Any, list[str] | None
         if dims is not None and isinstance(embedder, LangChainEmbedder):
             embedder = LangChainEmbedder(embedder.embeddings, dim=dims)
     return embedder, list(fields) if fields is not None else None
+
+
+def _threshold(min_score: Any) -> float | None:
+    if min_score is not None and (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, (int, float, np.integer, np.floating))
+        or not -1.0 <= float(min_score) <= 1.0
+    ):
+        raise InvalidInputError(f"min_score must be a number in [-1, 1], got {min_score!r}.")
+    return None if min_score is None else float(min_score)
+
+
+class ScoreThreshold:
+    """``search(..., min_score=...)`` on :class:`~langchain_hiermem.store.HierMemStore`: of the items a
+    query search returns (after ``offset`` and ``limit``), only those whose ``SearchItem.score`` is at
+    least ``min_score`` (the cosine similarity of the query and the item's text, in ``[-1, 1]``, as in
+    LangGraph's stores; with ``score="relevance"``, the memory's ranking figure). Without ``query`` no
+    item has a score and ``min_score`` is refused."""
+
+    def search(
+        self, namespace_prefix: tuple[str, ...], /, *, min_score: float | None = None, **kw: Any
+    ) -> Any:
+        """LangGraph's ``BaseStore.search`` (``query``, ``filter``, ``limit``, ``offset``, ``refresh_ttl``),
+        plus ``min_score`` (see the class).
+
+        Raises:
+            InvalidInputError: ``min_score`` not a number in ``[-1, 1]``, or given without ``query``.
+        """
+        threshold = self._min_score(min_score, kw)
+        items = super().search(namespace_prefix, **kw)  # type: ignore[misc]
+        return items if threshold is None else [it for it in items if (it.score or 0.0) >= threshold]
+
+    async def asearch(
+        self, namespace_prefix: tuple[str, ...], /, *, min_score: float | None = None, **kw: Any
+    ) -> Any:
+        """Async :meth:`search`."""
+        threshold = self._min_score(min_score, kw)
+        items = await super().asearch(namespace_prefix, **kw)  # type: ignore[misc]
+        return items if threshold is None else [it for it in items if (it.score or 0.0) >= threshold]
+
+    @staticmethod
+    def _min_score(min_score: Any, kw: Mapping[str, Any]) -> float | None:
+        threshold = _threshold(min_score)
+        if threshold is not None and not kw.get("query"):
+            raise InvalidInputError("min_score needs a query: items listed without one have no score.")
+        return threshold

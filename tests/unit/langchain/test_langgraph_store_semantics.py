@@ -353,3 +353,32 @@ def test_a_long_item_survives_a_reopen_and_is_deleted_completely(tmp_path: Path)
     with HierMemStore.from_conn_string(path, index=index(), memory_kwargs=MEMORY_KWARGS) as store:
         assert store.get(("l",), "big") is None
         assert len(store.get_memory(("l",))) == 1
+
+
+@pytest.mark.parametrize("threshold", [-1.0, 0.0, 0.2, 0.5, 0.9, 1.0])
+def test_search_min_score_keeps_the_items_scoring_at_least_it(threshold: float) -> None:
+    store = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+    for i, fact in enumerate(FACTS):
+        store.put(("t",), f"k{i}", {"text": fact})
+    every = store.search(("t",), query=FACTS[2], limit=10)
+    kept = store.search(("t",), query=FACTS[2], limit=10, min_score=threshold)
+    assert [it.key for it in kept] == [it.key for it in every if it.score >= threshold]
+    assert threshold > 0.99 or kept  # the item itself scores about 1
+
+
+@pytest.mark.parametrize("bad", [1.5, -1.01, "0.3", True])
+def test_search_min_score_out_of_range_or_without_query_is_refused(bad: Any) -> None:
+    store = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+    store.put(("t",), "k", {"text": FACTS[0]})
+    with pytest.raises(InvalidInputError, match="min_score"):
+        store.search(("t",), query="x", min_score=bad)
+    with pytest.raises(InvalidInputError, match="min_score needs a query"):
+        store.search(("t",), min_score=0.2)
+
+
+async def test_asearch_min_score() -> None:
+    store = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+    for i, fact in enumerate(FACTS):
+        await store.aput(("t",), f"k{i}", {"text": fact})
+    kept = await store.asearch(("t",), query=FACTS[1], min_score=0.99)
+    assert [it.key for it in kept] == ["k1"]
