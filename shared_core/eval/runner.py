@@ -39,7 +39,7 @@ import numpy as np
 
 from ..models.extractive import sentence_spans
 from ..search.relevance import check_weight
-from ..types import InvalidInputError, Usage
+from ..types import InvalidInputError, Usage, parse_timestamp
 from .aggregate import LLM_METRICS, QUERY_METRICS, aggregate_results
 from .compare import COMPARED_METRICS, _build_facts, _nan_to_none, compare_methods
 from .data import Conversation
@@ -386,6 +386,9 @@ def evaluate_conversation(
                 obj.retrieve(WARMUP_QUERY, **warm[key])
                 cost[key]["refresh_wall_seconds"] += time.perf_counter() - w0
                 cost[key]["refresh_cpu_seconds"] += time.process_time() - c0
+        # a memory is asked as of the last message before the question (its relative time expressions
+        # resolve against that, never against the clock of the machine running the evaluation)
+        asked = parse_timestamp(conv.messages[q.position - 1].timestamp) if q.position > 0 else None
         for s in specs:
             obj = builds[s.build]
             kw: dict[str, Any] = {"k": k}
@@ -393,6 +396,8 @@ def evaluate_conversation(
                 kw["max_tokens"] = int(max_tokens)
             if s.policy is not None:
                 kw["policy"] = s.policy
+            if s.is_memory and asked is not None:
+                kw["as_of"] = asked
             w0, c0 = time.perf_counter(), time.process_time()
             hits = list(obj.retrieve(q.question, **kw))
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
 import numpy as np
+from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from ..scores import inner_products, normalize_rows, unit_row_norm
 from ..types import InvalidInputError, UnknownPolicyError, Usage
@@ -21,10 +22,22 @@ __all__ = [
     "SENTENCE_VECTORS",
     "ExtractiveSummarizer",
     "SummaryPool",
+    "has_content",
     "sentence_spans",
     "split_sentences",
 ]
 
+#: "<speaker>: " at the start of a rendered message (``Message.render``)
+_SPEAKER_PREFIX = re.compile(r"^[^\W\d][\w .'-]{0,40}?:\s+")
+_WORD = re.compile(r"\b(?=\w*[^\W\d_])\w{3,}\b")  # three or more word characters, a letter among them
+#: words that carry no content of their own: English stop words (bm25s's longer list) and the greetings,
+#: thanks and assents of chat turns
+_FILLERS = (
+    "hello hey hiya thanks thank cheers yes yeah yep yup okay sure please bye goodbye great cool nice "
+    "awesome wow haha lol right well good morning afternoon evening night welcome sorry absolutely "
+    "definitely exactly indeed alright fine glad happy help"
+)
+_NOT_CONTENT = frozenset(STOPWORDS_EN_PLUS) | frozenset(re.findall(r"\w+", _FILLERS))
 _SENT_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 
 #: The values of ``ExtractiveSummarizer(sentence_vectors=...)``.
@@ -49,6 +62,15 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
         if m is not None:
             pos = m.end()
     return out
+
+
+def has_content(sentence: str) -> bool:
+    """Whether a sentence holds a content word: a word of three or more characters, a letter among them,
+    that is neither an English stop word nor a greeting, thanks or assent, after a leading
+    ``"<speaker>: "``. ``"User: Hello."``, ``"Yes, please."`` and a numbered-list stub ``"3."`` hold
+    none; a summary skips them when it can (see :class:`SummaryPool`)."""
+    body = _SPEAKER_PREFIX.sub("", sentence, count=1)
+    return any(w.lower() not in _NOT_CONTENT for w in _WORD.findall(body))
 
 
 def split_sentences(text: str) -> list[str]:
@@ -419,6 +441,7 @@ class SummaryPool:
         self._full: list[_Child] = []  # the children with sentences, in order
         self._index: dict[str, int] = {}  # distinct sentence -> row, in order of first occurrence
         self._sentences: list[str] = []
+        self._content: list[bool] = []  # has_content of each distinct sentence
         self._lens = np.zeros(0, dtype=np.int64)
         self._M: np.ndarray | None = None  # rows of the distinct sentences' unit vectors
         self._rows = 0  # rows of _M filled: a prefix of _sentences
@@ -453,6 +476,7 @@ class SummaryPool:
             if s not in self._index:
                 self._index[s] = len(self._sentences)
                 self._sentences.append(s)
+                self._content.append(has_content(s))
                 self._chars += len(s) + 1
         self._flat += len(sents)
         self._full.append(child)
@@ -473,6 +497,7 @@ class SummaryPool:
         for s in self._sentences[n_distinct:]:
             del self._index[s]
         del self._sentences[n_distinct:]
+        del self._content[n_distinct:]
         self._rows = min(self._rows, n_distinct)
         if self._k > len(self._full):  # its mean is in the running sum, which cannot be undone
             self._acc, self._k = None, 0
@@ -534,15 +559,19 @@ class SummaryPool:
         if not self._full:
             raise InvalidInputError("Nothing to summarise: all child texts are empty.")
         sm = self.summarizer
+        # sentences without a content word (greetings, "Yes.", "3.") stand only when no sentence has one
+        only = any(self._content)
         if self._flat == 1 or self._chars - 1 <= sm.max_chars:
-            return sm._fit(list(self._sentences)), Usage()
+            return sm._fit([s for s, c in zip(self._sentences, self._content) if c or not only]), Usage()
         usage = Usage()
         self._need_vectors(usage)
         assert self._M is not None
         n = len(self._sentences)
         neg = -_scores(self._M[:n], self._centroid())
         lens = self._lens[:n]
-        shortest = int(lens.min())
+        ok = np.array(self._content, dtype=bool) if only else np.ones(n, dtype=bool)
+        neg = np.where(ok, neg, np.inf)  # ranked last; never taken (see take)
+        shortest = int(lens[ok].min())
         chosen: list[int] = []
         used = 0
 
@@ -550,6 +579,8 @@ class SummaryPool:
             """Greedy over ``ranked[start:]``; False once nothing more can fit."""
             nonlocal used
             for i in ranked[start:].tolist():
+                if not ok[i]:
+                    continue
                 cost = int(lens[i]) + (1 if chosen else 0)
                 if used + cost <= sm.max_chars:
                     chosen.append(i)
