@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from shared_core.search.filters import MAX_FILTER_DEPTH
 from shared_core.types import InvalidInputError
 
 __all__ = [
@@ -55,8 +56,9 @@ def check_filter(flt: Any) -> None:
         flt: ``None`` or a mapping of field name (or dotted path) to a condition.
 
     Raises:
-        InvalidInputError: not a mapping, a field name that is not a string, or an operator dict (one
-            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`.
+        InvalidInputError: not a mapping, a field name that is not a string, an operator dict (one
+            with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`, or dicts
+            and lists nested deeper than ``MAX_FILTER_DEPTH`` (32, the filter itself level 1).
     """
     if flt is None:
         return
@@ -67,10 +69,15 @@ def check_filter(flt: Any) -> None:
     for key, cond in flt.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"A filter key is a field name (string), got {key!r}.")
-        _check_condition(cond)
+        _check_condition(cond, 2)
 
 
-def _check_condition(cond: Any) -> None:
+def _check_condition(cond: Any, depth: int) -> None:
+    if isinstance(cond, (Mapping, list, tuple)) and depth > MAX_FILTER_DEPTH:
+        raise InvalidInputError(
+            f"filter: dicts and lists are nested more than {MAX_FILTER_DEPTH} deep (MAX_FILTER_DEPTH); "
+            "flatten the filter."
+        )
     if isinstance(cond, Mapping):
         if any(isinstance(k, str) and k.startswith("$") for k in cond):
             bad = [k for k in cond if k not in OPERATORS]
@@ -80,10 +87,10 @@ def _check_condition(cond: Any) -> None:
                 )
             return
         for v in cond.values():
-            _check_condition(v)
+            _check_condition(v, depth + 1)
     elif isinstance(cond, (list, tuple)):
         for v in cond:
-            _check_condition(v)
+            _check_condition(v, depth + 1)
 
 
 def compare_values(value: Any, cond: Any) -> bool:

@@ -107,7 +107,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
     ``MAX_ROLE_CHARS`` (256) of ``role``, ``MAX_TIMESTAMP_CHARS`` (256) of ``timestamp`` and
     ``MAX_ID_CHARS`` (1,000) of ``id``, and ``metadata`` of at most ``MAX_METADATA_BYTES`` (100,000)
     bytes as JSON nested at most ``MAX_METADATA_DEPTH`` (32) levels (constants of
-    :mod:`shared_core.types`); a message (text, fields and metadata) must be valid Unicode (no lone
+    :mod:`shared_core.types`); ``speaker`` and ``role`` are strings or ``None`` and metadata keys are
+    strings at every level; a message (text, fields and metadata) must be valid Unicode (no lone
     surrogates such as ``"\\ud800"``) and JSON-serialisable. Control characters are kept as data. Every
     message of an ``add`` is checked before anything changes: a rejected call (an
     :class:`~shared_core.types.InvalidInputError` naming the field and the limit) leaves the memory
@@ -282,11 +283,11 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
             call (embedding calls, LLM calls, tokens, seconds).
 
         Raises:
-            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item, a text longer
-                than :attr:`max_message_chars`, a speaker, role, timestamp, id or metadata over its limit
-                (see the class), a lone surrogate, or metadata that is not JSON.
-            EmbeddingError: the embedder returned vectors of the wrong shape or NaN.
-            ModelError: a model provider failed after its retries.
+            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item (bytes too), a
+                text longer than :attr:`max_message_chars`, a field or metadata over its limit or of
+                the wrong type (see the class), a lone surrogate, or metadata that is not JSON.
+            EmbeddingError: the embedder returned the wrong shape, NaN, or a zero or overflowing vector.
+            ModelError: a model failed after its retries or the embedder raised (its ``__cause__``).
             PersistenceError: the durable store could not commit the change.
 
         Any error leaves the memory exactly as it was before the call (all messages or none).
@@ -603,7 +604,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, abc.ABC
         Raises:
             InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, an invalid ``time_range``
                 (not a pair, an unreadable bound, start after end) or ``where`` (unknown operator, wrong
-                type).
+                type, nested deeper than ``MAX_FILTER_DEPTH``, 32).
+            EmbeddingError, ModelError: embedding the query failed (as :meth:`add`).
             UnknownPolicyError: a policy this memory does not have.
             LLMRequiredError: an LLM-only policy on a memory built without an LLM.
         """
