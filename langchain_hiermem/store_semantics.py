@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from shared_core.search.filters import check_in_values, in_values
+from shared_core.search.filters import MAX_FILTER_DEPTH, check_in_values, in_values
 from shared_core.types import InvalidInputError
 
 __all__ = [
@@ -65,7 +65,8 @@ def check_filter(flt: Any) -> None:
         InvalidInputError: not a mapping, a field name that is not a string, an operator dict (one
             with a key starting with ``$``) holding a key that is not one of :data:`OPERATORS`, or an
             ``$in`` / ``$nin`` without a list of scalars, an ``$and`` / ``$or`` without a non-empty list of
-            non-empty dicts, or another top-level key starting with ``$``.
+            non-empty dicts, another top-level key starting with ``$``, or dicts and lists nested deeper
+            than ``MAX_FILTER_DEPTH`` (32, the filter itself level 1).
     """
     if flt is None:
         return
@@ -73,25 +74,41 @@ def check_filter(flt: Any) -> None:
         raise InvalidInputError(
             f"filter must be a dict such as {{'kind': 'note'}}, got {type(flt).__name__}."
         )
+    _check_filter(flt, 1)
+
+
+def _too_deep(depth: int) -> None:
+    if depth > MAX_FILTER_DEPTH:
+        raise InvalidInputError(
+            f"filter: dicts and lists are nested more than {MAX_FILTER_DEPTH} deep (MAX_FILTER_DEPTH); "
+            "flatten the filter."
+        )
+
+
+def _check_filter(flt: Mapping[str, Any], depth: int) -> None:
+    """:func:`check_filter` of a filter dict at nesting ``depth`` (the outer filter is 1)."""
     for key, cond in flt.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"A filter key is a field name (string), got {key!r}.")
         if key in _LOGICAL:
             if isinstance(cond, (str, bytes, Mapping)) or not isinstance(cond, Sequence) or not cond:
                 raise InvalidInputError(f"filter {key} takes a non-empty list of filters, got {cond!r}.")
+            _too_deep(depth + 2)
             for sub in cond:
                 if not isinstance(sub, Mapping) or not sub:
                     raise InvalidInputError(f"filter {key} takes a list of non-empty dicts, got {sub!r}.")
-                check_filter(sub)
+                _check_filter(sub, depth + 2)
         elif key.startswith("$"):
             raise InvalidInputError(
                 f"Unknown filter operator {key!r} at the top of a filter; use $and, $or or a field name."
             )
         else:
-            _check_condition(cond)
+            _check_condition(cond, depth + 1)
 
 
-def _check_condition(cond: Any) -> None:
+def _check_condition(cond: Any, depth: int) -> None:
+    if isinstance(cond, (Mapping, list, tuple)):
+        _too_deep(depth)
     if isinstance(cond, Mapping):
         if any(isinstance(k, str) and k.startswith("$") for k in cond):
             bad = [k for k in cond if k not in OPERATORS]
@@ -104,10 +121,10 @@ def _check_condition(cond: Any) -> None:
                     check_in_values(cond[op], f"filter {op}")
             return
         for v in cond.values():
-            _check_condition(v)
+            _check_condition(v, depth + 1)
     elif isinstance(cond, (list, tuple)):
         for v in cond:
-            _check_condition(v)
+            _check_condition(v, depth + 1)
 
 
 def compare_values(value: Any, cond: Any) -> bool:

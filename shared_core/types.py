@@ -126,6 +126,9 @@ _FIELD_LIMITS = (
     ("timestamp", MAX_TIMESTAMP_CHARS, "MAX_TIMESTAMP_CHARS"),
     ("id", MAX_ID_CHARS, "MAX_ID_CHARS"),
 )
+#: fields kept as the caller gave them, so only a string (or None) is accepted; ``id`` and ``timestamp``
+#: are turned into strings when the message is made
+_TEXT_FIELDS = ("speaker", "role")
 
 
 @dataclass(frozen=True)
@@ -134,14 +137,17 @@ class Message:
 
     Args:
         text: the content (a non-empty, non-whitespace string).
-        role: e.g. ``"user"`` / ``"assistant"``; free-form, default ``None``.
-        speaker: the speaker's name, default ``None``.
-        timestamp: when it was said (ISO string or any string the caller uses), default ``None``.
-        id: the caller's source id (e.g. a LoCoMo ``dia_id``), kept on the leaf and reported in hits.
-        metadata: any JSON-serialisable extra data, kept on the leaf.
+        role: e.g. ``"user"`` / ``"assistant"``; free-form string, default ``None``.
+        speaker: the speaker's name (a string), default ``None``.
+        timestamp: when it was said (ISO string or any string the caller uses), default ``None``;
+            another value is turned into ``str(value)``.
+        id: the caller's source id (e.g. a LoCoMo ``dia_id``), kept on the leaf and reported in hits;
+            another value is turned into ``str(value)``.
+        metadata: any JSON-serialisable extra data with string keys, kept on the leaf.
 
     Raises:
-        InvalidInputError: ``text`` is not a string, is empty or whitespace-only.
+        InvalidInputError: ``text`` is not a string, is empty or whitespace-only. A memory's ``add``
+            checks the other fields (:func:`check_message_fields`).
     """
 
     text: str
@@ -198,6 +204,10 @@ def as_messages(items: MessageLike | Iterable[MessageLike] | None) -> list[Messa
         items = [items]
     elif isinstance(items, dict):
         raise InvalidInputError("Got a dict; wrap it as Message(**d) or pass its text.")
+    elif isinstance(items, (bytes, bytearray, memoryview)):
+        raise InvalidInputError(
+            f"Cannot add {type(items).__name__}; decode it to a str first (e.g. data.decode('utf-8'))."
+        )
     try:
         seq = list(items)  # type: ignore[arg-type]
     except TypeError:
@@ -222,10 +232,17 @@ def as_messages(items: MessageLike | Iterable[MessageLike] | None) -> list[Messa
     return out
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (for error messages about hostile values)."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
 def _metadata_shape(metadata: dict[str, Any], i: int) -> None:
-    """Reject metadata nested deeper than ``MAX_METADATA_DEPTH`` (a cycle is infinitely deep) or whose
-    keys and strings alone exceed ``MAX_METADATA_BYTES`` characters, walking at most about that many
-    values (a value shared many times is walked each time, as JSON would write it)."""
+    """Reject metadata with a key that is not a string (at any depth), nested deeper than
+    ``MAX_METADATA_DEPTH`` (a cycle is infinitely deep) or whose keys and strings alone exceed
+    ``MAX_METADATA_BYTES`` characters, walking at most about that many values (a value shared many times
+    is walked each time, as JSON would write it)."""
     stack: list[tuple[Any, int]] = [(metadata, 1)]
     budget = MAX_METADATA_BYTES  # every value, key and character takes at least one byte of JSON
     while stack:
@@ -241,7 +258,13 @@ def _metadata_shape(metadata: dict[str, Any], i: int) -> None:
                 )
             if isinstance(value, dict):
                 for k, v in value.items():
-                    budget -= 1 + (len(k) if isinstance(k, str) else 0)
+                    if not isinstance(k, str):
+                        raise InvalidInputError(
+                            f"Item {i}: the message metadata has the key {_short(k)} of type "
+                            f"{type(k).__name__}; keys must be strings (JSON would turn it into "
+                            f"{_short(str(k))} in a save or a store)."
+                        )
+                    budget -= 1 + len(k)
                     stack.append((v, depth + 1))
             else:
                 stack.extend((v, depth + 1) for v in value)
@@ -264,8 +287,10 @@ def check_message_fields(m: Message, i: int = 0) -> str:
     Raises:
         InvalidInputError: naming the field and its limit: ``speaker``, ``role``, ``timestamp`` or
             ``id`` longer than ``MAX_SPEAKER_CHARS`` / ``MAX_ROLE_CHARS`` / ``MAX_TIMESTAMP_CHARS`` /
-            ``MAX_ID_CHARS`` characters; ``metadata`` nested deeper than ``MAX_METADATA_DEPTH``, larger
-            than ``MAX_METADATA_BYTES`` as JSON, or not JSON-serialisable.
+            ``MAX_ID_CHARS`` characters; a ``speaker`` or ``role`` that is neither a string nor
+            ``None``; ``metadata`` with a key that is not a string (at any depth), nested deeper than
+            ``MAX_METADATA_DEPTH``, larger than ``MAX_METADATA_BYTES`` as JSON, or not
+            JSON-serialisable.
     """
     import json
 
@@ -273,6 +298,11 @@ def check_message_fields(m: Message, i: int = 0) -> str:
         value = getattr(m, name)
         if value is None:
             continue
+        if name in _TEXT_FIELDS and not isinstance(value, str):
+            raise InvalidInputError(
+                f"Item {i}: the message {name} must be a string or None, got {type(value).__name__} "
+                f"{_short(value)}."
+            )
         n = len(value) if isinstance(value, str) else len(str(value))
         if n > limit:
             raise InvalidInputError(

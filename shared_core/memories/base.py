@@ -109,7 +109,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
     ``MAX_ROLE_CHARS`` (256) of ``role``, ``MAX_TIMESTAMP_CHARS`` (256) of ``timestamp`` and
     ``MAX_ID_CHARS`` (1,000) of ``id``, and ``metadata`` of at most ``MAX_METADATA_BYTES`` (100,000)
     bytes as JSON nested at most ``MAX_METADATA_DEPTH`` (32) levels (constants of
-    :mod:`shared_core.types`); a message (text, fields and metadata) must be valid Unicode (no lone
+    :mod:`shared_core.types`); ``speaker`` and ``role`` are strings or ``None`` and metadata keys are
+    strings at every level; a message (text, fields and metadata) must be valid Unicode (no lone
     surrogates such as ``"\\ud800"``) and JSON-serialisable. Control characters are kept as data. Every
     message of an ``add`` is checked before anything changes: a rejected call (an
     :class:`~shared_core.types.InvalidInputError` naming the field and the limit) leaves the memory
@@ -284,11 +285,11 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
             call (embedding calls, LLM calls, tokens, seconds).
 
         Raises:
-            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item, a text longer
-                than :attr:`max_message_chars`, a speaker, role, timestamp, id or metadata over its limit
-                (see the class), a lone surrogate, or metadata that is not JSON.
-            EmbeddingError: the embedder returned vectors of the wrong shape or NaN.
-            ModelError: a model provider failed after its retries.
+            InvalidInputError: ``None``, empty or whitespace-only text, a non-string item (bytes too), a
+                text longer than :attr:`max_message_chars`, a field or metadata over its limit or of
+                the wrong type (see the class), a lone surrogate, or metadata that is not JSON.
+            EmbeddingError: the embedder returned the wrong shape, NaN, or a zero or overflowing vector.
+            ModelError: a model failed after its retries or the embedder raised (its ``__cause__``).
             PersistenceError: the durable store could not commit the change.
 
         Any error leaves the memory exactly as it was before the call (all messages or none).
@@ -563,6 +564,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
         self._tx_composed = {}
         self._state_snapshot = None
         self._version += 1  # caches built during the transaction are stale
+        self._query_memo = None
 
     def _record_seconds(self, usage: Usage, seconds: float) -> None:
         """Set the wall-clock ``seconds`` of a committed call (its other counters are already counted)."""
@@ -625,7 +627,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
             InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, ``min_score`` or
                 ``time_weight`` not a number in ``[0, 1]``, an unreadable ``as_of``, an invalid ``time_range``
                 (not a pair, an unreadable bound, start after end) or ``where`` (unknown operator, wrong
-                type).
+                type, nested deeper than ``MAX_FILTER_DEPTH``, 32).
+            EmbeddingError, ModelError: embedding the query failed (as :meth:`add`).
             UnknownPolicyError: a policy this memory does not have.
             LLMRequiredError: an LLM-only policy on a memory built without an LLM.
         """
@@ -680,64 +683,6 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
         return await asyncio.to_thread(self.retrieve, query, k, policy, **kw)
 
     default_k: ClassVar[int] = 10
-
-    def __len__(self) -> int:
-        """Number of stored messages (leaves), after catching up with a shared store (see :meth:`refresh`)."""
-        with self._lock:
-            self._sync_store()
-            return self._store.n_leaves
-
-    def stored_sources(self, ids: Iterable[str]) -> set[str]:
-        """Which of the caller's source ids (``Message.id``) the memory holds a message of, after catching
-        up with a shared store (see :meth:`refresh`).
-
-        Args:
-            ids: source ids to look up.
-
-        Returns:
-            The subset of ``ids`` stored (an empty set when none is).
-
-        Raises:
-            PersistenceError: a shared store cannot be read (the memory is unchanged).
-        """
-        with self._lock:
-            self._sync_store()
-            known = self._store.by_source
-            return {i for i in ids if i in known}
-
-    @property
-    def usage(self) -> Usage:
-        """Cumulative model usage of construction (adds and deletes)."""
-        return self._usage.copy()
-
-    def stats(self) -> dict[str, Any]:
-        """Shape and cost figures.
-
-        Returns:
-            dict with ``nodes``, ``leaves`` (ints), ``max_depth``, ``mean_depth`` (over leaves),
-            ``mean_branching`` (children per internal node), ``internal_nodes``, ``usage`` (cumulative
-            construction usage), ``query_usage``, plus algorithm-specific figures; read after catching
-            up with a shared store (see :meth:`refresh`).
-        """
-        with self._lock:
-            self._sync_store()
-            st = self._store
-            depths = st.depths()
-            leaf_depths = [depths[i] for i in st.leaf_at.values() if i in depths]
-            internal = [n for n in st.nodes.values() if not n.is_leaf]
-            out: dict[str, Any] = {
-                "kind": self.kind,
-                "nodes": len(st.nodes),
-                "leaves": st.n_leaves,
-                "internal_nodes": len(internal),
-                "max_depth": max(depths.values(), default=0),
-                "mean_depth": float(np.mean(leaf_depths)) if leaf_depths else 0.0,
-                "mean_branching": float(np.mean([len(n.children) for n in internal])) if internal else 0.0,
-                "usage": self._usage.to_dict(),
-                "query_usage": self._query_usage.to_dict(),
-            }
-            out.update(self._extra_stats())
-            return out
 
     def to_dict(self) -> dict[str, Any]:
         """The whole memory as plain data (JSON-serialisable): format, kind, config, state, tree, usage.

@@ -1,4 +1,5 @@
-"""Consistent reads of a memory's tree for the code above it (adapters, viewers): :meth:`Reading.tree_view`.
+"""Consistent reads of a memory for the code above it (adapters, viewers): its size, shape and cost
+(:meth:`Reading.stats`, ``len``), which sources it holds, and :meth:`Reading.tree_view`.
 
 A mixin of :class:`~shared_core.memories.base.HierarchicalMemory`. The view is taken under the memory's
 lock after catching up with a shared store, and holds copies: it stays as it was while the memory changes.
@@ -7,11 +8,13 @@ lock after catching up with a shared store, and holds copies: it stays as it was
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..types import Message
+import numpy as np
+
+from ..types import Message, Usage
 
 if TYPE_CHECKING:
     from ..tree.nodes import NodeStore
@@ -71,10 +74,72 @@ class Reading:
     kind: str
     _lock: threading.RLock
     _store: NodeStore
+    _usage: Usage
+    _query_usage: Usage
 
     if TYPE_CHECKING:
 
         def _sync_store(self) -> None: ...
+
+        def _extra_stats(self) -> dict[str, Any]: ...
+
+    def __len__(self) -> int:
+        """Number of stored messages (leaves), after catching up with a shared store (see :meth:`refresh`)."""
+        with self._lock:
+            self._sync_store()
+            return self._store.n_leaves
+
+    def stored_sources(self, ids: Iterable[str]) -> set[str]:
+        """Which of the caller's source ids (``Message.id``) the memory holds a message of, after catching
+        up with a shared store (see :meth:`refresh`).
+
+        Args:
+            ids: source ids to look up.
+
+        Returns:
+            The subset of ``ids`` stored (an empty set when none is).
+
+        Raises:
+            PersistenceError: a shared store cannot be read (the memory is unchanged).
+        """
+        with self._lock:
+            self._sync_store()
+            known = self._store.by_source
+            return {i for i in ids if i in known}
+
+    @property
+    def usage(self) -> Usage:
+        """Cumulative model usage of construction (adds and deletes)."""
+        return self._usage.copy()
+
+    def stats(self) -> dict[str, Any]:
+        """Shape and cost figures.
+
+        Returns:
+            dict with ``nodes``, ``leaves`` (ints), ``max_depth``, ``mean_depth`` (over leaves),
+            ``mean_branching`` (children per internal node), ``internal_nodes``, ``usage`` (cumulative
+            construction usage), ``query_usage``, plus algorithm-specific figures; read after catching
+            up with a shared store (see :meth:`refresh`).
+        """
+        with self._lock:
+            self._sync_store()
+            st = self._store
+            depths = st.depths()
+            leaf_depths = [depths[i] for i in st.leaf_at.values() if i in depths]
+            internal = [n for n in st.nodes.values() if not n.is_leaf]
+            out: dict[str, Any] = {
+                "kind": self.kind,
+                "nodes": len(st.nodes),
+                "leaves": st.n_leaves,
+                "internal_nodes": len(internal),
+                "max_depth": max(depths.values(), default=0),
+                "mean_depth": float(np.mean(leaf_depths)) if leaf_depths else 0.0,
+                "mean_branching": float(np.mean([len(n.children) for n in internal])) if internal else 0.0,
+                "usage": self._usage.to_dict(),
+                "query_usage": self._query_usage.to_dict(),
+            }
+            out.update(self._extra_stats())
+            return out
 
     def tree_view(self) -> TreeView:
         """The tree as it is now: nodes, links, texts and messages, copied, after catching up with a shared

@@ -29,8 +29,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from ..types import Completion, HierMemError, InvalidInputError, ModelError, Usage
-from .base import UsageMeter, validate_embeddings
+from ..types import Completion, InvalidInputError, ModelError, Usage
+from .base import UsageMeter, validate_embeddings, wrap_model_error
 
 __all__ = [
     "DIM_PROBE",
@@ -62,27 +62,6 @@ AEmbedBatch = Callable[[list[str]], Awaitable[Any]]
 
 
 # =========================================================================== helpers
-def wrap_model_error(exc: BaseException, what: str, source: str) -> HierMemError:
-    """The typed error to raise for a failure of a model call.
-
-    Args:
-        exc: what the model (or the code reading its answer) raised.
-        what: the operation, e.g. ``"Embedding"`` or ``"Completion"``.
-        source: the model in words, e.g. ``"the LangChain model ChatOpenAI"``.
-
-    Returns:
-        ``exc`` itself when it is already a :class:`~shared_core.types.HierMemError` (e.g. an
-        ``EmbeddingError`` or ``InvalidInputError``), else a :class:`~shared_core.types.ModelError` naming
-        the operation, the model and the cause (chain it with ``raise ... from exc``).
-    """
-    if isinstance(exc, HierMemError):
-        return exc
-    return ModelError(
-        f"{what} with {source} failed: {type(exc).__name__}: {exc}. "
-        "Check the model's configuration (credentials, endpoint, model name)."
-    )
-
-
 def check_dim(dim: Any) -> int | None:
     """Check an optional vector dimension argument.
 

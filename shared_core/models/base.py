@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from ..types import Completion, EmbeddingError, Usage
+from ..scores import normalize_rows
+from ..types import Completion, EmbeddingError, HierMemError, ModelError, Usage
 
-__all__ = ["LLM", "Embedder", "Summarizer", "UsageMeter", "validate_embeddings"]
+__all__ = [
+    "LLM",
+    "Embedder",
+    "Summarizer",
+    "UsageMeter",
+    "call_embedder",
+    "unit_embeddings",
+    "validate_embeddings",
+    "wrap_model_error",
+]
+
+T = TypeVar("T")
 
 
 class UsageMeter:
@@ -123,3 +135,74 @@ class Summarizer(Protocol):
     def summarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]: ...
 
     async def asummarize(self, texts: Sequence[str], **fields: object) -> tuple[str, Usage]: ...
+
+
+def wrap_model_error(exc: BaseException, what: str, source: str) -> HierMemError:
+    """The typed error to raise for a failure of a model call.
+
+    Args:
+        exc: what the model (or the code reading its answer) raised.
+        what: the operation, e.g. ``"Embedding"`` or ``"Completion"``.
+        source: the model in words, e.g. ``"the LangChain model ChatOpenAI"``.
+
+    Returns:
+        ``exc`` itself when it is already a :class:`~shared_core.types.HierMemError` (e.g. an
+        ``EmbeddingError`` or ``InvalidInputError``), else a :class:`~shared_core.types.ModelError` naming
+        the operation, the model and the cause (chain it with ``raise ... from exc``).
+    """
+    if isinstance(exc, HierMemError):
+        return exc
+    return ModelError(
+        f"{what} with {source} failed: {type(exc).__name__}: {exc}. "
+        "Check the model's configuration (credentials, endpoint, model name)."
+    )
+
+
+def call_embedder(embedder: Any, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, a call of ``embedder`` (its ``embed`` or ``embed_spans``), with what it raises typed.
+
+    Args:
+        embedder: the embedder (named in the error).
+        fn: the method to call. args: its arguments.
+
+    Returns:
+        What ``fn`` returns.
+
+    Raises:
+        HierMemError: what ``fn`` raised when it is one (e.g. ``EmbeddingError``), unchanged; so is a
+            ``MemoryError`` (the process's, not the model's).
+        ModelError: ``fn`` raised any other ``Exception``; the original is its ``__cause__``.
+    """
+    try:
+        return fn(*args)
+    except (HierMemError, MemoryError):
+        raise
+    except Exception as e:
+        raise wrap_model_error(e, "Embedding", f"the embedder {type(embedder).__name__}") from e
+
+
+def unit_embeddings(vecs: object, n: int, dim: int | None) -> np.ndarray:
+    """An embedder's output checked (:func:`validate_embeddings`) and its rows scaled to L2 norm 1.
+
+    Args:
+        vecs: the embedder's output, ``(n, dim)`` array-like.
+        n: the number of texts embedded. dim: the expected dimension, ``None`` for any.
+
+    Returns:
+        C-contiguous ``float32`` array ``(n, dim)`` of unit rows.
+
+    Raises:
+        EmbeddingError: as :func:`validate_embeddings`, or a row whose L2 norm (in float32) is 0 or
+            overflows (e.g. values near 3e38): such a vector has no direction to compare.
+    """
+    arr = validate_embeddings(vecs, n, dim)
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(arr, axis=1)
+    bad = np.flatnonzero(~np.isfinite(norms) | (norms == 0))
+    if bad.size:
+        j = int(bad[0])
+        raise EmbeddingError(
+            f"Embedder returned a vector of {'zero' if norms[j] == 0 else 'overflowing'} length for text "
+            f"{j} ({bad.size} of {n} such); it has no direction to compare: check the embedding model."
+        )
+    return normalize_rows(arr)

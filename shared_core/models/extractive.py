@@ -16,7 +16,7 @@ from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from ..scores import inner_products, normalize_rows, unit_row_norm
 from ..types import InvalidInputError, UnknownPolicyError, Usage
-from .base import Embedder, validate_embeddings
+from .base import Embedder, call_embedder, unit_embeddings
 
 __all__ = [
     "SENTENCE_VECTORS",
@@ -172,9 +172,11 @@ class ExtractiveSummarizer:
         got: dict[str, np.ndarray] = {}
         if missing:
             t0 = time.perf_counter()
-            vecs = validate_embeddings(self.embedder.embed(missing), len(missing), None)
+            vecs = unit_embeddings(
+                call_embedder(self.embedder, self.embedder.embed, missing), len(missing), None
+            )
             usage = Usage(embed_calls=1, embedded_texts=len(missing), seconds=time.perf_counter() - t0)
-            got = dict(zip(missing, normalize_rows(vecs)))
+            got = dict(zip(missing, vecs))
         with self._lock:
             self._remember(got)
             for s in sentences:
@@ -271,9 +273,9 @@ class ExtractiveSummarizer:
         if spans is None or not callable(embed_spans):
             return self._vectors([s for t in texts for s in split_sentences(t)])[1]
         t0 = time.perf_counter()
-        vecs, parts = embed_spans(texts, spans)
+        vecs, parts = call_embedder(self.embedder, embed_spans, texts, spans)
         usage = Usage(embed_calls=1, embedded_texts=len(texts), seconds=time.perf_counter() - t0)
-        self.seed(texts, normalize_rows(validate_embeddings(vecs, len(texts), None)), parts)
+        self.seed(texts, unit_embeddings(vecs, len(texts), None), parts)
         return usage + self._vectors([s for t in texts for s in split_sentences(t)])[1]
 
     def seed(

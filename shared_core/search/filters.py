@@ -11,7 +11,8 @@ a summary. The memories apply it before top-k; propagation still runs over the w
 * ``{"field": value}``: equality (``Message.metadata["field"] == value``);
 * ``{"field": {"$eq": v, "$ne": v, "$in": [...], "$nin": [...], "$gt": v, "$gte": v, "$lt": v,
   "$lte": v}}``: every operator given must hold;
-* ``{"$and": [cond, ...]}``, ``{"$or": [cond, ...]}``; several keys in one dict must all hold.
+* ``{"$and": [cond, ...]}``, ``{"$or": [cond, ...]}``; several keys in one dict must all hold; at most
+  :data:`MAX_FILTER_DEPTH` (32) conditions inside one another, the outer dict included.
 
 A message without the field fails every operator but ``$ne`` and ``$nin``. Order comparisons hold only
 between numbers or between strings (anything else fails, it is not an error).
@@ -36,6 +37,7 @@ from typing import Any
 from ..types import InvalidInputError, Message, parse_timestamp
 
 __all__ = [
+    "MAX_FILTER_DEPTH",
     "MessageFilter",
     "TimeRange",
     "check_in_values",
@@ -45,6 +47,11 @@ __all__ = [
     "parse_time_range",
     "where_matcher",
 ]
+
+#: deepest nesting of a filter: a ``where`` condition (the outer dict is level 1, each condition of an
+#: ``$and`` / ``$or`` one level below its own), and a LangGraph store ``filter`` (each dict or list
+#: inside it one more level)
+MAX_FILTER_DEPTH = 32
 
 #: ``(start, end)``: each a ``datetime``, a ``date``, an ISO-8601 string or ``None`` (open end)
 TimeRange = tuple[Any, Any]
@@ -200,7 +207,12 @@ def in_values(value: Any, values: Sequence[Any]) -> bool:
     return bool(value in values)
 
 
-def _compile(where: Any, path: str) -> Callable[[Mapping[str, Any]], bool]:
+def _compile(where: Any, path: str, depth: int = 1) -> Callable[[Mapping[str, Any]], bool]:
+    if depth > MAX_FILTER_DEPTH:
+        raise InvalidInputError(
+            f"where: conditions are nested more than {MAX_FILTER_DEPTH} deep (MAX_FILTER_DEPTH); "
+            "flatten the $and / $or."
+        )
     if not isinstance(where, Mapping) or not where:
         raise InvalidInputError(f"{path} must be a non-empty dict of conditions; got {where!r}.")
     parts: list[Callable[[Mapping[str, Any]], bool]] = []
@@ -210,7 +222,7 @@ def _compile(where: Any, path: str) -> Callable[[Mapping[str, Any]], bool]:
         if key in ("$and", "$or"):
             if isinstance(cond, (str, bytes, Mapping)) or not isinstance(cond, Sequence) or not cond:
                 raise InvalidInputError(f"{path}.{key} must be a non-empty list of conditions; got {cond!r}.")
-            subs = [_compile(c, f"{path}.{key}[{i}]") for i, c in enumerate(cond)]
+            subs = [_compile(c, f"{path}.{key}[{i}]", depth + 1) for i, c in enumerate(cond)]
             if key == "$and":
                 parts.append(lambda md, subs=subs: all(s(md) for s in subs))
             else:
@@ -245,7 +257,8 @@ def where_matcher(where: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], boo
 
     Raises:
         InvalidInputError: not a dict, an unknown operator, ``$in`` / ``$nin`` without a list, an order
-            comparison with a value that is neither a number nor a string, an empty ``$and`` / ``$or``.
+            comparison with a value that is neither a number nor a string, an empty ``$and`` / ``$or``,
+            conditions nested deeper than :data:`MAX_FILTER_DEPTH`.
     """
     return _compile(where, "where")
 

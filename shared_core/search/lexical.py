@@ -9,7 +9,8 @@ built from scratch over the same texts (to float32 rounding; ``tests/unit/search
 How: each text has a slot (its position); each term has a posting array of ``(slot, tf, generation)``.
 Replacing a text bumps its slot's generation and appends new postings; the old ones no longer count.
 Removing a text kills its slot. Dead postings are dropped by a compaction once they outnumber the live
-ones, so the work stays proportional to the live texts (amortised O(tokens) per upsert).
+ones, so the work stays proportional to the live texts (amortised O(tokens) per upsert). No word of a
+removed text stays: its terms leave the vocabulary, and the stemmer keeps no word cache.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ _COMPACT_FLOOR = 4096  # dead postings tolerated before a compaction whatever th
 
 
 def _make_stemmer(stem: bool) -> Any:
+    """PyStemmer's English stemmer without its word cache (``maxCacheSize`` 0): a cache would keep the
+    words of removed texts for the life of the process; bm25s stems each distinct word of a call once,
+    so the cache saves no time (docs/performance.md, "The BM25 stemmer keeps no words")."""
     if not stem:
         return None
     import Stemmer  # PyStemmer
 
-    return Stemmer.Stemmer("english")
+    return Stemmer.Stemmer("english", 0)
 
 
 def _tokenize(texts: Sequence[str], stopwords: str | None, stemmer: Any) -> list[list[str]]:

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..models.base import validate_embeddings
+from ..models.base import call_embedder, unit_embeddings
 from ..types import Hit, count_tokens, parse_timestamp
 from .ann import NeighbourSearch
 from .candidates import Candidates, CandidateSearch
 from .filters import MessageFilter
-from .index import inner_products, normalize_rows, unit_row_norm
+from .index import inner_products, unit_row_norm
 from .relevance import check_weight, fuse
 from .selection import capped, with_neighbours
 from .temporal import TimeCue, time_cue, time_rerank
@@ -184,9 +184,9 @@ class Ranking(CandidateSearch):
         if memo is not None and memo[0] == query:
             return memo[1]
         t0 = time.perf_counter()
-        raw = self.embedder.embed([query])
+        raw = call_embedder(self.embedder, self.embedder.embed, [query])
         dim = self._index.dim if self._index is not None else None
-        v = normalize_rows(validate_embeddings(raw, 1, dim))[0]
+        v = unit_embeddings(raw, 1, dim)[0]
         self._query_usage.embed_calls += 1
         self._query_usage.embedded_texts += 1
         self._query_usage.seconds += time.perf_counter() - t0

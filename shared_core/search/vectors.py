@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..models.base import validate_embeddings
+from ..models.base import call_embedder, unit_embeddings, validate_embeddings
 from ..types import InvalidInputError, NodeNotFoundError
 from .index import inner_products, normalize_rows, unit_row_norm
 
@@ -149,10 +149,10 @@ class NodeVectors:
             t0 = time.perf_counter()
             parts = None
             if spans is not None:  # sentence vectors from the same forward pass (see ExtractiveSummarizer)
-                raw, parts = embed_spans(todo, spans)  # type: ignore[misc]
+                raw, parts = call_embedder(self.embedder, embed_spans, todo, spans)  # type: ignore[arg-type]
             else:
-                raw = self.embedder.embed(todo)
-            vecs = normalize_rows(validate_embeddings(raw, len(todo), self._expected_dim()))
+                raw = call_embedder(self.embedder, self.embedder.embed, todo)
+            vecs = unit_embeddings(raw, len(todo), self._expected_dim())
             usage.embed_calls += 1
             usage.embedded_texts += len(todo)
             usage.seconds += time.perf_counter() - t0

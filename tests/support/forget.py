@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,12 +14,21 @@ from shared_core.memories.xmemory import rules
 from tests.support.memory import HashEmbedder, make_memory
 
 _NO_TEXT = (int, float, complex, bool, type(None), np.ndarray, np.generic, type)
+# objects whose referents are code and module state, not data the memory holds
+_NOT_ENTERED = (
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+)
 
 
 def reachable_strings(root: Any, skip: tuple[Any, ...] = ()) -> list[tuple[str, str]]:
     """``(path, text)`` of every string (bytes decoded) reachable from ``root`` through dicts,
-    sequences, sets and instance attributes; objects in ``skip`` (the caller's models) are not
-    entered."""
+    sequences, sets, instance attributes and, for objects without attributes (extension objects such
+    as PyStemmer's stemmer and its word cache), the objects the garbage collector says they hold;
+    objects in ``skip`` (the caller's models) are not entered, nor functions and modules."""
     skipped = {id(o) for o in skip}
     seen: set[int] = set()
     out: list[tuple[str, str]] = []
@@ -31,7 +42,7 @@ def reachable_strings(root: Any, skip: tuple[Any, ...] = ()) -> list[tuple[str, 
             out.append((path, obj))
         elif isinstance(obj, (bytes, bytearray)):
             out.append((path, bytes(obj).decode("utf-8", "replace")))
-        elif isinstance(obj, _NO_TEXT):
+        elif isinstance(obj, _NO_TEXT + _NOT_ENTERED):
             continue
         elif isinstance(obj, dict):
             for k, v in list(obj.items()):
@@ -44,6 +55,8 @@ def reachable_strings(root: Any, skip: tuple[Any, ...] = ()) -> list[tuple[str, 
             for name in getattr(type(obj), "__slots__", ()):
                 if hasattr(obj, name):
                     todo.append((getattr(obj, name), f"{path}.{name}"))
+            if not hasattr(obj, "__dict__") and not hasattr(type(obj), "__slots__"):
+                todo += [(v, f"{path}.<{type(obj).__name__} holds>") for v in gc.get_referents(obj)]
     return out
 
 

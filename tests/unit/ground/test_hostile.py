@@ -6,6 +6,11 @@
   unchanged (stats, retrieval, tree) even when only the last message of a call is bad; control
   characters are data; lone surrogates are rejected on input, and model output that carries one still
   saves and loads exactly.
+- The other hostile inputs get a typed error and leave the memory as it was: a ``where`` or LangGraph
+  store ``filter`` nested deeper than ``MAX_FILTER_DEPTH``, a ``speaker`` / ``role`` that is not a
+  string, a metadata key that is not a string (refused by a durable memory too), bytes given to ``add``,
+  and an embedder that returns a zero or overflowing vector (``EmbeddingError``) or raises (a
+  ``ModelError`` keeping its exception as the cause), on add and on retrieval.
 - Prompt injection stored in a memory is data: it never changes which prompt template is sent (checked
   on the requests the OpenAI-protocol test server recorded) and never breaks strict output parsing.
 - Tampered saves are a clear :class:`PersistenceError`; loading never unpickles or runs anything.
@@ -16,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import re
@@ -34,6 +40,7 @@ from shared_core.models.openai_models import OpenAIChat
 from shared_core.prompts import hat as HP
 from shared_core.prompts import memtree as MP
 from shared_core.prompts import segtree as SP
+from shared_core.search.filters import MAX_FILTER_DEPTH
 from shared_core.types import (
     MAX_ID_CHARS,
     MAX_METADATA_BYTES,
@@ -41,7 +48,9 @@ from shared_core.types import (
     MAX_ROLE_CHARS,
     MAX_SPEAKER_CHARS,
     MAX_TIMESTAMP_CHARS,
+    EmbeddingError,
     InvalidInputError,
+    ModelError,
     NodeNotFoundError,
     PersistenceError,
 )
@@ -53,6 +62,7 @@ from tests.support.memory import (
     make_memory,
     memory_class,
     message_text,
+    open_memory,
 )
 
 
@@ -607,6 +617,185 @@ def test_deleting_a_subtree_forgets_all_its_messages(kind):
     for t in gone:
         marker = t.split(":")[0].split(" talks")[0]  # "Message i"
         assert not any(h.text.startswith(marker + " ") for h in mem.retrieve(marker, k=50))
+
+
+# --------------------------------------------------------------------------- typed errors, memory unchanged
+def _filled(kind: str, embedder: Any = None) -> HierarchicalMemory:
+    mem = make_memory(kind, embedder)
+    mem.add(
+        [Message(message_text(i), speaker="Ana", id=f"m{i}", metadata={"topic": "dogs"}) for i in range(6)]
+    )
+    return mem
+
+
+def _deep_where(depth: int, op: str = "$and") -> dict:
+    """A ``where`` of ``depth`` conditions inside one another (the outer dict counts)."""
+    w: dict = {"topic": "dogs"}
+    for _ in range(depth - 1):
+        w = {op: [w]}
+    return w
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_deeply_nested_where_is_refused_with_its_limit(kind):
+    mem = _filled(kind)
+    before = _observed(mem)
+    assert mem.retrieve("dogs", k=3, where=_deep_where(MAX_FILTER_DEPTH))  # at the limit: a filter
+    for depth, op in [(MAX_FILTER_DEPTH + 1, "$and"), (200, "$and"), (200, "$or"), (10_000, "$and")]:
+        with pytest.raises(
+            InvalidInputError, match=rf"more than {MAX_FILTER_DEPTH} deep \(MAX_FILTER_DEPTH\)"
+        ):
+            mem.retrieve("dogs", where=_deep_where(depth, op))
+    assert _observed(mem) == before
+
+
+def _deep_filter(depth: int) -> dict:
+    """A LangGraph store filter whose dicts and lists nest ``depth`` deep (the filter counts)."""
+    f: Any = "note"
+    for i in range(depth - 1):
+        f = {"kind": f} if i % 2 else [f]
+    return {"kind": f}
+
+
+def _deep_and(depth: int) -> dict:
+    """``{"$and": [{"$and": [... {"kind": "note"} ...]}]}``: each ``$and`` a list and a dict deeper."""
+    f: dict = {"kind": "note"}
+    for _ in range((depth - 1) // 2):
+        f = {"$and": [f]}
+    return f
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["in-process", "sqlite"])
+def test_a_deeply_nested_store_filter_is_refused_with_its_limit(durable, tmp_path):
+    from langchain_hiermem import HierMemStore
+    from tests.support.langgraph_store import MEMORY_KWARGS, index
+
+    ns = ("users", "ann")
+    with contextlib.ExitStack() as stack:
+        if durable:
+            store = stack.enter_context(
+                HierMemStore.from_conn_string(
+                    tmp_path / "s.sqlite", index=index(), memory_kwargs=MEMORY_KWARGS
+                )
+            )
+        else:
+            store = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+        for i in range(4):
+            store.put(ns, f"k{i}", {"text": message_text(i), "kind": "note"})
+
+        def seen() -> tuple:
+            mem = store.get_memory(ns)
+            return [(it.key, it.value) for it in store.search(ns, limit=10)], mem.to_dict()["tree"]
+
+        before = seen()
+        assert store.search(ns, query="dogs", filter=_deep_filter(MAX_FILTER_DEPTH)) == []  # accepted
+        assert len(store.search(ns, query="dogs", filter=_deep_and(MAX_FILTER_DEPTH))) == 4  # accepted
+        for depth in (MAX_FILTER_DEPTH + 2, 1_000, 10_000):
+            for query in (None, "dogs"):
+                for deep in (_deep_filter, _deep_and):
+                    with pytest.raises(InvalidInputError, match=rf"more than {MAX_FILTER_DEPTH} deep"):
+                        store.search(ns, query=query, filter=deep(depth))
+        assert seen() == before
+
+
+BAD_TYPES = [
+    ("speaker", dict(speaker=7), "speaker must be a string or None, got int 7"),
+    ("speaker", dict(speaker=["a", "b"]), r"speaker must be a string or None, got list \['a', 'b'\]"),
+    ("speaker", dict(speaker={"name": "a"}), "speaker must be a string or None, got dict"),
+    ("speaker", dict(speaker=float("nan")), "speaker must be a string or None, got float nan"),
+    ("speaker", dict(speaker=b"ann"), "speaker must be a string or None, got bytes"),
+    ("role", dict(role=1), "role must be a string or None, got int 1"),
+    ("role", dict(role=["user"]), "role must be a string or None, got list"),
+    ("role", dict(role=float("nan")), "role must be a string or None, got float nan"),
+    ("metadata", dict(metadata={1: "a"}), "metadata has the key 1 of type int; keys must be strings"),
+    ("metadata", dict(metadata={True: "a"}), "key True of type bool"),
+    ("metadata", dict(metadata={None: "a"}), "key None of type NoneType"),
+    ("metadata", dict(metadata={"ok": {2.5: "b"}}), "key 2.5 of type float"),
+    ("metadata", dict(metadata={"ok": [{"fine": 1}, {3: "c"}]}), "key 3 of type int"),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_string_speaker_role_and_metadata_keys_are_refused(kind, tmp_path):
+    mems = [make_memory(kind), open_memory(kind, tmp_path / "m")]
+    for mem in mems:
+        mem.add([Message(message_text(i), speaker="Ana", id=f"m{i}") for i in range(6)])
+        before = _observed(mem)
+        for name, fields, match in BAD_TYPES:
+            bad = Message("a message about the garden", **fields)
+            with pytest.raises(InvalidInputError, match=f"Item 0: the message {name}") as e:
+                mem.add(bad)
+            assert re.search(match, str(e.value)), str(e.value)
+            batch = [Message(message_text(10 + j), speaker="Bo") for j in range(3)] + [bad]
+            with pytest.raises(InvalidInputError, match=f"Item 3: the message {name}"):
+                mem.add(batch)
+            assert _observed(mem) == before, (name, fields)
+    mems[1].close_store()
+    back = open_memory(kind, tmp_path / "m")  # nothing of the refused messages reached the store
+    try:
+        assert back.to_dict()["tree"] == mems[1].to_dict()["tree"]
+    finally:
+        back.close_store()
+
+
+@pytest.mark.parametrize("bad", [b"bytes", bytearray(b"bytes"), memoryview(b"bytes")])
+def test_bytes_are_refused_naming_their_type(bad):
+    mem = _filled("segtree")
+    before = _observed(mem)
+    with pytest.raises(InvalidInputError, match=f"Cannot add {type(bad).__name__}; decode it") as e:
+        mem.add(bad)
+    assert "int" not in str(e.value)
+    with pytest.raises(InvalidInputError, match=f"Item 1 is a {type(bad).__name__}"):
+        mem.add(["fine", bad])
+    assert _observed(mem) == before
+
+
+class Boom(Exception):
+    """What a custom embedder raises."""
+
+
+class HostileEmbedder(HashEmbedder):
+    """The hashed embedder until armed; then every call returns zero or overflowing vectors, or raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mode: str | None = None
+
+    def embed(self, texts: Any) -> np.ndarray:
+        v = super().embed(texts)
+        if self.mode == "zero":
+            return np.zeros_like(v)
+        if self.mode == "huge":
+            return np.full_like(v, 3e38)
+        if self.mode == "raise":
+            raise Boom("the embedding service is down")
+        return v
+
+
+EMBEDDER_FAULTS = [
+    ("zero", EmbeddingError, "vector of zero length"),
+    ("huge", EmbeddingError, "vector of overflowing length"),
+    ("raise", ModelError, "Embedding with the embedder HostileEmbedder failed: Boom: the embedding"),
+]
+
+
+@pytest.mark.parametrize("mode, error, match", EMBEDDER_FAULTS, ids=[f[0] for f in EMBEDDER_FAULTS])
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_vectors_and_embedder_exceptions_are_typed_and_change_nothing(kind, mode, error, match):
+    emb = HostileEmbedder()
+    mem = _filled(kind, emb)
+    before = _observed(mem)
+    emb.mode = mode
+    with pytest.raises(error, match=match) as add_err:
+        mem.add(Message("a new message about zqnewx gardens", speaker="Bo", id="new"))
+    with pytest.raises(error, match=match) as query_err:
+        mem.retrieve("what did Ana say about the garden", k=3)
+    if mode == "raise":  # the embedder's own exception is kept as the cause
+        assert isinstance(add_err.value.__cause__, Boom)
+        assert isinstance(query_err.value.__cause__, Boom)
+    emb.mode = None
+    assert _observed(mem) == before
+    check_tree(mem)
 
 
 # --------------------------------------------------------------------------- fuzz

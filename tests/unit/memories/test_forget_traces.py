@@ -8,7 +8,8 @@ from the forgotten message, in memory, in a save, or in a durable SQLite store.
 - A property test over SegTreeMem, MemTree, HAT and xMemory (hashed embedder, no LLM): after any
   sequence of adds and deletes every node's text is derivable from the live messages only.
 - The caches of the process, for all four memories: after a deletion nothing the memory reaches (the
-  summariser's sentence cache, the lexical index, the node store and index, HAT's aggregate cache) nor
+  summariser's sentence cache, the lexical index and its stemmer's word cache, the node store and index,
+  HAT's aggregate cache; extension objects through what the garbage collector says they hold) nor
   the fact rule's process-wide cache holds a word of the forgotten message, while a sentence a live
   message shares keeps its vector (it is not embedded again); ``clear()`` empties them; the
   summariser's ``forget`` / ``clear`` and summarisers without them; a property test of the same over
@@ -17,6 +18,7 @@ from the forgotten message, in memory, in a save, or in a durable SQLite store.
 
 from __future__ import annotations
 
+import gc
 import json
 import sqlite3
 from datetime import datetime, timedelta
@@ -429,6 +431,9 @@ def assert_caches_clean(mem: HierarchicalMemory, secret: str) -> None:
         low = secret.lower()
         assert not [t for t in lex._vocab if low in t], "the lexical vocabulary"
         assert not [t for ts in lex._tokens.values() for t in ts if low in t], "the lexical texts"
+        stemmer = [lex._stemmer] if lex.stem else []
+        held = [w for d in gc.get_referents(*stemmer) if isinstance(d, dict) for w in d]
+        assert not [w for w in held if low.encode() in w], "the stemmer's word cache"
     if mem._index is not None:
         st_ = mem._store
         assert set(mem._index.ids.tolist()) == {i for i, n in st_.nodes.items() if n.text}, "node index"

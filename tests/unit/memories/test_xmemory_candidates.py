@@ -19,7 +19,7 @@ from shared_core.memories.xmemory import retrieval as R
 from shared_core.memories.xmemory.retrieval import _Relevance
 from shared_core.search.index import NodeIndex
 from shared_core.search.relevance import fuse
-from shared_core.types import InvalidInputError, Message
+from shared_core.types import InvalidInputError, Message, ModelError
 from tests.support.xmemory import QUERIES, BowEmbedder, _messages
 
 
@@ -171,8 +171,9 @@ def test_node_search_holds_exactly_the_indexed_vectors_through_changes(tmp_path)
     before = sorted(mem._index.ids.tolist())
     real = mem.embedder.embed
     mem.embedder.embed = fail
-    with pytest.raises(Boom):
+    with pytest.raises(ModelError) as e:
         mem.add(Message("a new message about the garden market"))
+    assert isinstance(e.value.__cause__, Boom)
     mem.embedder.embed = real
     assert sorted(mem._index.ids.tolist()) == before
     check(mem)
