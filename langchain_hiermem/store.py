@@ -39,7 +39,8 @@ from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotF
 from .models import as_core_embedder, as_langchain_embeddings
 from .retrievers import HierMemRetriever
 from .store_semantics import (
-    ScoreThreshold,
+    SEARCH_OPTIONS,
+    SearchOptions,
     check_filter,
     embedder_and_fields,
     item_matches,
@@ -133,7 +134,7 @@ def _ns_matches(cond: MatchCondition, ns: Namespace) -> bool:
     return all(p == "*" or p == n for p, n in zip(path, part))
 
 
-class HierMemStore(TTLMixin, ScoreThreshold, BaseStore):
+class HierMemStore(TTLMixin, SearchOptions, BaseStore):
     """A LangGraph long-term memory store backed by hiermem memories, one per namespace.
 
     Items are kept as key -> value dicts per namespace (``get``, listing, filters) and the text of each
@@ -565,6 +566,7 @@ class HierMemStore(TTLMixin, ScoreThreshold, BaseStore):
         if texts and space.memory is None:
             space.memory = self._new_memory(ns, pending)
         limit = int(getattr(space.memory, "max_message_chars", 0) or 0)
+        put_at = self._clock().replace(tzinfo=None).isoformat()  # UTC wall clock: what as_of compares
         messages: list[Message] = []
         for key, path, text in texts:
             parts = split_text(text, limit) if limit and len(text) > limit else [text]
@@ -572,7 +574,7 @@ class HierMemStore(TTLMixin, ScoreThreshold, BaseStore):
                 md: dict[str, Any] = {"namespace": list(ns), "key": key, "field": path}
                 if len(parts) > 1:
                     md.update(part=n, parts=len(parts))
-                messages.append(Message(part, id=key, metadata=md))
+                messages.append(Message(part, id=key, timestamp=put_at, metadata=md))
         added = _Added(ns, space, ops)
         if messages:
             assert space.memory is not None
@@ -699,7 +701,7 @@ class HierMemStore(TTLMixin, ScoreThreshold, BaseStore):
         for key, texts in space.texts.items():
             for text in texts:
                 twins.setdefault(text, []).append(key)
-        params = dict(self.search_kwargs)
+        params = {**self.search_kwargs, **(SEARCH_OPTIONS.get() or {})}
         if keep is not None:
             params["where"] = self._where(space, twins, keep, params.get("where"))
         k = want

@@ -27,15 +27,17 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 
-from shared_core.search.filters import MAX_FILTER_DEPTH, check_in_values, in_values
+from shared_core.search.filters import MAX_FILTER_DEPTH, check_in_values, in_values, parse_as_of
 from shared_core.types import InvalidInputError
 
 __all__ = [
-    "ScoreThreshold",
+    "SEARCH_OPTIONS",
+    "SearchOptions",
     "OPERATORS",
     "embedder_and_fields",
     "check_filter",
@@ -356,37 +358,68 @@ def _threshold(min_score: Any) -> float | None:
     return None if min_score is None else float(min_score)
 
 
-class ScoreThreshold:
-    """``search(..., min_score=...)`` on :class:`~langchain_hiermem.store.HierMemStore`: of the items a
-    query search returns (after ``offset`` and ``limit``), only those whose ``SearchItem.score`` is at
-    least ``min_score`` (the cosine similarity of the query and the item's text, in ``[-1, 1]``, as in
-    LangGraph's stores; with ``score="relevance"``, the memory's ranking figure). Without ``query`` no
-    item has a score and ``min_score`` is refused."""
+#: the retrieval arguments of the store search under way (``as_of``), set by :class:`SearchOptions` and
+#: read by the store's query search; a context variable, so each thread and task sees its own
+SEARCH_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("hiermem_search_options", default=None)
+
+
+class SearchOptions:
+    """``search(..., min_score=..., as_of=...)`` on :class:`~langchain_hiermem.store.HierMemStore`.
+
+    ``min_score``: of the items a query search returns (after ``offset`` and ``limit``), only those whose
+    ``SearchItem.score`` is at least it (the cosine similarity of the query and the item's text, in
+    ``[-1, 1]``, as in LangGraph's stores; with ``score="relevance"``, the memory's ranking figure).
+    ``as_of``: the time the query is asked at (``datetime``, ``date`` or ISO-8601): no text put after
+    it comes back and the query's time expressions resolve against it (the core's ``retrieve(as_of=)``).
+    Both need a ``query``: items listed without one are neither scored nor ranked."""
 
     def search(
-        self, namespace_prefix: tuple[str, ...], /, *, min_score: float | None = None, **kw: Any
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        min_score: float | None = None,
+        as_of: Any = None,
+        **kw: Any,
     ) -> Any:
         """LangGraph's ``BaseStore.search`` (``query``, ``filter``, ``limit``, ``offset``, ``refresh_ttl``),
-        plus ``min_score`` (see the class).
+        plus ``min_score`` and ``as_of`` (see the class).
 
         Raises:
-            InvalidInputError: ``min_score`` not a number in ``[-1, 1]``, or given without ``query``.
+            InvalidInputError: ``min_score`` not a number in ``[-1, 1]``, an unreadable ``as_of``, or
+                either given without ``query``.
         """
-        threshold = self._min_score(min_score, kw)
-        items = super().search(namespace_prefix, **kw)  # type: ignore[misc]
+        threshold, options = self._options(min_score, as_of, kw)
+        token = SEARCH_OPTIONS.set(options)
+        try:
+            items = super().search(namespace_prefix, **kw)  # type: ignore[misc]
+        finally:
+            SEARCH_OPTIONS.reset(token)
         return items if threshold is None else [it for it in items if (it.score or 0.0) >= threshold]
 
     async def asearch(
-        self, namespace_prefix: tuple[str, ...], /, *, min_score: float | None = None, **kw: Any
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        min_score: float | None = None,
+        as_of: Any = None,
+        **kw: Any,
     ) -> Any:
         """Async :meth:`search`."""
-        threshold = self._min_score(min_score, kw)
-        items = await super().asearch(namespace_prefix, **kw)  # type: ignore[misc]
+        threshold, options = self._options(min_score, as_of, kw)
+        token = SEARCH_OPTIONS.set(options)
+        try:
+            items = await super().asearch(namespace_prefix, **kw)  # type: ignore[misc]
+        finally:
+            SEARCH_OPTIONS.reset(token)
         return items if threshold is None else [it for it in items if (it.score or 0.0) >= threshold]
 
     @staticmethod
-    def _min_score(min_score: Any, kw: Mapping[str, Any]) -> float | None:
+    def _options(min_score: Any, as_of: Any, kw: Mapping[str, Any]) -> tuple[float | None, dict[str, Any]]:
         threshold = _threshold(min_score)
-        if threshold is not None and not kw.get("query"):
-            raise InvalidInputError("min_score needs a query: items listed without one have no score.")
-        return threshold
+        when = parse_as_of(as_of)
+        for name, given in (("min_score", threshold), ("as_of", when)):
+            if given is not None and not kw.get("query"):
+                raise InvalidInputError(f"{name} needs a query: items listed without one are not ranked.")
+        return threshold, ({} if when is None else {"as_of": when})

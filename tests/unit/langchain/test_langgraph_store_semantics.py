@@ -382,3 +382,29 @@ async def test_asearch_min_score() -> None:
         await store.aput(("t",), f"k{i}", {"text": fact})
     kept = await store.asearch(("t",), query=FACTS[1], min_score=0.99)
     assert [it.key for it in kept] == ["k1"]
+
+
+def test_search_as_of_keeps_out_what_was_put_later() -> None:
+    """Each put is stamped with the store's clock (UTC); a search as of a time sees only what was put by
+    then, and its time expressions resolve against it."""
+    from datetime import datetime, timezone
+
+    store = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+    clock = iter([datetime(2024, 1, d, 12, tzinfo=timezone.utc) for d in range(1, 20)])
+    store._clock = lambda: next(clock)  # the store's replaceable clock (see store_ttl)
+    store.put(("a",), "lyon", {"text": "I live in Lyon with my cat"})  # day 1 (a put reads it once)
+    store.put(("a",), "bordeaux", {"text": "I moved to Bordeaux with my cat"})
+    now = {it.key for it in store.search(("a",), query="where do I live with my cat", limit=10)}
+    assert now == {"lyon", "bordeaux"}
+    stamps = {
+        n.source_id: n.message.timestamp
+        for n in store.get_memory(("a",)).tree_view().nodes.values()
+        if n.is_leaf
+    }
+    assert stamps["lyon"] < stamps["bordeaux"]  # ISO-8601 UTC, in put order
+    early = store.search(("a",), query="where do I live with my cat", limit=10, as_of=stamps["lyon"])
+    assert [it.key for it in early] == ["lyon"]
+    with pytest.raises(InvalidInputError, match="as_of"):
+        store.search(("a",), query="x", as_of="next tuesday-ish")
+    with pytest.raises(InvalidInputError, match="as_of needs a query"):
+        store.search(("a",), as_of="2024-01-01")
