@@ -130,7 +130,7 @@ text.row {{ font-size: 11px; fill: #555; }}
       x2: X(e.x_to), y2: pad + e.row_to * rowH + 3}});
   }}
   for (const h of data.hits) {{
-    const n = byId.get(h.id);
+    const n = byId.get(h.node_id);
     if (!n) continue;
     const g = el("g", {{class: "hit-mark", id: "hit-" + h.rank}});
     const cx = X(h.x), cy = pad + n.row * rowH + rowH / 2 - 2 + h.dy;
@@ -150,9 +150,9 @@ text.row {{ font-size: 11px; fill: #555; }}
     for (const h of data.hits) {{
       const li = document.createElement("li");
       li.id = "hit-item-" + h.rank;
-      li.textContent = `#${{h.rank}} · ${{h.score.toFixed(2)}} · node ${{h.id}}: ` +
+      li.textContent = `#${{h.rank}} · ${{h.score.toFixed(2)}} · node ${{h.node_id}}: ` +
         h.text.slice(0, 80) + (h.text.length > 80 ? "…" : "");
-      li.addEventListener("click", () => select(byId.get(h.id)));
+      li.addEventListener("click", () => select(byId.get(h.node_id)));
       list.appendChild(li);
     }}
   }} else {{
@@ -195,7 +195,7 @@ def _hits_and_edges(
         hits.append(
             {
                 "rank": h.rank,
-                "id": h.node_id,
+                "node_id": h.node_id,
                 "score": h.score,
                 "components": h.components,
                 "path": h.path,
@@ -221,7 +221,7 @@ def _hits_and_edges(
             )
     # the page draws a leaf every max(800, 6 n) / n pixels; a mark and its score take about 46 pixels
     unit = max(800, 6 * n_leaves) / max(1, n_leaves)
-    rows = [nodes[h["id"]].row if h["id"] in nodes else -1 for h in hits]
+    rows = [nodes[h["node_id"]].row if h["node_id"] in nodes else -1 for h in hits]
     lanes = mark_lanes([(r, h["x"]) for r, h in zip(rows, hits)], 46 / unit)
     for h, lane in zip(hits, lanes):
         h["dy"] = -LANE_OFFSETS[lane] * 15
@@ -256,7 +256,7 @@ def render_html(
     The page's data is one JSON element (``script#data``): ``nodes`` (id, row, row_name, depth, span,
     x0, x1, is_leaf, children, leaves, text, source, score, fill, components, on_path, hit),
     ``rows``, ``leaves``, ``has_scores``, and with a query ``query``, ``policy``, ``k``, ``hits`` (rank,
-    id, score, components, path, text, explain, x, dy), ``edges`` and ``legend``. Texts are embedded with
+    node_id, score, components, path, text, explain, x, dy), ``edges`` and ``legend``. Texts are embedded with
     ``<``, ``>`` and ``&`` escaped, so no text can end the script element.
 
     Args:
