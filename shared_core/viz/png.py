@@ -91,13 +91,15 @@ def tree_figure(
     cmap = matplotlib.colormaps["viridis"]
     theme_cmap = matplotlib.colormaps["tab20"]
     theme_color = {g: theme_cmap(i % 20) for i, g in enumerate(lay.groups)}
+    # thin grey edges keep pale bars visible; past 200 leaves they would hide the shades
+    edge = 0.3 if lay.n_leaves <= 200 else 0.0
     for ln in lay.nodes:
         if not ln.ranks:
             continue
         bars = [(xs[a] - width / 2, xs[b] - xs[a] + width) for a, b in runs(ln.ranks)]
         if view is not None:
             color = scale_color(view.scores.get(ln.id, 0.0))
-            ax.broken_barh(bars, (-ln.row - 0.4, 0.8), facecolors=color, edgecolor="0.6", linewidth=0.3)
+            ax.broken_barh(bars, (-ln.row - 0.4, 0.8), facecolors=color, edgecolor="0.6", linewidth=edge)
             continue
         if lay.kind == "xmemory":
             color = theme_color.get(ln.group, (0.6, 0.6, 0.6, 1.0)) if ln.group is not None else "0.6"

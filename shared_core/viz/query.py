@@ -5,7 +5,7 @@ colour scale, and the legend that says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..types import Hit, InvalidInputError, UnknownPolicyError
@@ -65,10 +65,14 @@ class QueryView:
     hits: list[Hit]
     scores: dict[int, float]
     bm25: dict[int, float] | None = None
+    _by_node: dict[int, Hit] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_node = {h.node_id: h for h in self.hits}
 
     def hit_of(self) -> dict[int, Hit]:
         """Node id -> its hit."""
-        return {h.node_id: h for h in self.hits}
+        return dict(self._by_node)
 
     def on_path(self) -> set[int]:
         """Ids of the nodes on a path from the root to a hit (the hits included)."""
@@ -77,7 +81,7 @@ class QueryView:
     def components(self, nid: int) -> dict[str, float]:
         """A node's figures: a hit's ``Hit.components`` (``"rank"``, ``"dense"``, maybe ``"bm25"``);
         another node's ``{"dense": its score}`` and ``"bm25"`` when :attr:`bm25` is set."""
-        hit = self.hit_of().get(nid)
+        hit = self._by_node.get(nid)
         if hit is not None:
             return dict(hit.components)
         out = {"dense": self.scores.get(nid, 0.0)}

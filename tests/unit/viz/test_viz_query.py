@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from typer.testing import CliRunner
@@ -146,6 +146,7 @@ def test_scale_color_is_fixed_and_monotone():
 
 
 # =========================================================================== mark lanes
+@settings(deadline=None)  # no timed tests: the machine's load must not fail this
 @given(
     st.lists(st.tuples(st.integers(0, 3), st.floats(0, 50, allow_nan=False)), max_size=30),
     st.floats(0.1, 10),
@@ -209,6 +210,16 @@ def test_png_with_a_query_differs_from_one_without(tmp_path):
             h.node_id for h in mem.retrieve(QUERY, k=3)
         ]:
             assert np.asarray(c.convert("RGB")).tobytes() != pixels.tobytes()
+
+
+def test_png_shaded_bars_keep_grey_edges_only_while_they_fit():
+    small = _memory("segtree")
+    big = SegTreeMem(embedder=HashEmbedder(16))
+    big.add([f"note {i} on topic {i % 7}" for i in range(201)])
+    for mem, width in ((small, 0.3), (big, 0.0)):  # past 200 leaves, edges would hide the shades
+        ax = tree_figure(mem, query=QUERY, k=2).axes[0]
+        widths = {float(w) for c in ax.collections if c.get_facecolor().any() for w in c.get_linewidths()}
+        assert width in widths
 
 
 def test_png_time_axis_with_a_query(tmp_path):
