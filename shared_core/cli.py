@@ -151,7 +151,15 @@ def demo(
 def viz(
     path: Path = typer.Argument(..., help="Directory of a memory saved with .save() (any memory kind)."),
     query: str | None = typer.Option(
-        None, "--query", "-q", help="Shade the nodes by their relevance to this query (needs the embedder)."
+        None,
+        "--query",
+        "-q",
+        help="Explain this query: shade the nodes by their cosine similarity to it and mark the top-k hits "
+        "of the memory's retrieval policy with rank, score and path (needs the embedder).",
+    ),
+    k: int = typer.Option(10, "--k", "-k", help="With --query: how many hits to mark (a positive integer)."),
+    policy: str | None = typer.Option(
+        None, "--policy", help="With --query: the retrieval policy (default: the memory's default policy)."
     ),
     out: Path | None = typer.Option(
         None, "--out", help="HTML file to write (default: the save's path with '.html' appended)."
@@ -162,8 +170,9 @@ def viz(
     """Render a saved memory as a self-contained HTML page (click a node to read it), optionally a PNG.
 
     The save is loaded with HierarchicalMemory.load, which picks the class from the saved kind, with
-    the embedded local embedder (used only to score --query). Exit code 1 when the save cannot be
-    read or an option is invalid.
+    the embedded local embedder (used only to score --query). With --query, both pictures mark the
+    top-k hits of the policy and carry a legend. Exit code 1 when the save cannot be read or an option
+    is invalid (nothing is written then).
     """
     from rich.markup import escape
 
@@ -179,8 +188,8 @@ def viz(
     html_path = out if out is not None else path.with_name(path.name + ".html")
     try:
         if png is not None:
-            png = plot_tree_shape(mem, png, x=x)
-        html_path = render_html(mem, html_path, query=query)
+            png = plot_tree_shape(mem, png, x=x, query=query, k=k, policy=policy)
+        html_path = render_html(mem, html_path, query=query, k=k, policy=policy)
     except HierMemError as e:
         console.print(f"[red]cannot render {escape(str(path))}:[/red] {escape(str(e))}")
         raise typer.Exit(1) from None

@@ -1,7 +1,9 @@
-"""Texts, a hostile payload and a cheap embedder for the visualisation tests."""
+"""Texts, a hostile payload, a cheap embedder and the page-data reader for the visualisation tests."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,3 +44,10 @@ class HashEmbedder:
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed(texts)
+
+
+def html_payload(html: str) -> dict:
+    """The JSON data element (``script#data``) of a page written by ``render_html``."""
+    m = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S)
+    assert m is not None
+    return json.loads(m.group(1))

@@ -6,7 +6,6 @@ not on the quality of the vectors. The ``--query`` shading is checked with the r
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -22,7 +21,7 @@ from shared_core import HAT, MemTree, Message, SegTreeMem
 from shared_core.cli import app
 from shared_core.types import InvalidInputError
 from shared_core.viz import parse_timestamp, plot_tree_shape, render_html, tree_layout
-from tests.support.viz import PAYLOAD, TEXTS, HashEmbedder
+from tests.support.viz import PAYLOAD, TEXTS, HashEmbedder, html_payload
 
 SVG_NS = "http://www.w3.org/2000/svg"
 
@@ -48,12 +47,6 @@ def _memory(kind: str, texts: Sequence[str] = TEXTS, timestamps: bool = False, d
 
 def _text_nodes(mem) -> dict[int, dict]:
     return {n["id"]: n for n in mem.to_dict()["tree"]["nodes"] if n["text"]}
-
-
-def _html_payload(html: str) -> dict:
-    m = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S)
-    assert m is not None
-    return json.loads(m.group(1))
 
 
 KINDS = ["segtree", "memtree", "hat", "xmemory"]
@@ -206,7 +199,7 @@ def test_render_html_is_self_contained_and_holds_every_node_text(kind, tmp_path)
     for ref in ("<link", " src=", "@import", "url(", "<iframe", "<img"):
         assert ref not in html
     # every node's text, exactly, in the embedded data
-    data = _html_payload(html)
+    data = html_payload(html)
     texts = {n["id"]: n["text"] for n in data["nodes"]}
     assert texts == {i: n["text"] for i, n in _text_nodes(mem).items()}
     assert data["leaves"] == len(TEXTS) and data["has_scores"] is False
@@ -222,7 +215,7 @@ def test_render_html_query_scores(local_embedder, tmp_path):
     mem = SegTreeMem(embedder=local_embedder)
     mem.add(TEXTS)
     html = render_html(mem, tmp_path / "q.html", query="What is the name of my dog?").read_text("utf-8")
-    data = _html_payload(html)
+    data = html_payload(html)
     assert data["has_scores"] is True
     scores = {n["id"]: n["score"] for n in data["nodes"]}
     assert all(isinstance(s, float) and 0.0 <= s <= 1.0 for s in scores.values())
@@ -247,7 +240,7 @@ def test_cli_viz_renders_a_saved_memory(tmp_path):
     res = runner.invoke(app, ["viz", str(save), "--out", str(out), "--png", str(png)])
     assert res.exit_code == 0, res.output
     assert "MemTree: 8 leaves" in _out(res) and f"wrote {out}" in _out(res)
-    data = _html_payload(out.read_text(encoding="utf-8"))
+    data = html_payload(out.read_text(encoding="utf-8"))
     assert {n["id"]: n["text"] for n in data["nodes"]} == {i: n["text"] for i, n in _text_nodes(mem).items()}
     with Image.open(png) as img:
         assert img.format == "PNG"
@@ -269,7 +262,7 @@ def test_cli_viz_with_query(local_embedder, tmp_path):
         app, ["viz", str(save), "--query", "Where does my sister live?", "--out", str(tmp_path / "h.html")]
     )
     assert res.exit_code == 0, res.output
-    data = _html_payload((tmp_path / "h.html").read_text(encoding="utf-8"))
+    data = html_payload((tmp_path / "h.html").read_text(encoding="utf-8"))
     assert data["has_scores"] is True
     best = max((n for n in data["nodes"] if n["is_leaf"]), key=lambda n: n["score"])
     assert "Oslo" in best["text"] or "Maria" in best["text"]
@@ -291,7 +284,7 @@ def test_saved_xmemory_renders_through_the_cli(tmp_path):
     save = mem.save(tmp_path / "x")
     res = runner.invoke(app, ["viz", str(save), "--out", str(tmp_path / "x.html")])
     assert res.exit_code == 0, res.output
-    data = _html_payload((tmp_path / "x.html").read_text(encoding="utf-8"))
+    data = html_payload((tmp_path / "x.html").read_text(encoding="utf-8"))
     assert {n["row_name"] for n in data["nodes"]} <= {"theme", "semantic", "episode", "message"}
     assert len(data["nodes"]) == len(_text_nodes(mem))
 
