@@ -11,12 +11,13 @@ cannot silently stop being checked):
 - Values of an option: a code span ``name="a"|"b"`` or the run ``name="a"`, `"b"` or `"c"``: the complete
   set of values, compared with the code's tuple of choices (``OPTION_VALUES``). Every single
   ``name="value"`` code span of those options must name a valid value. A ``policy=...`` enumeration is
-  compared with the policies of the memory that titles its section.
+  compared with the policies of the memory whose name begins the title of its section.
 - CLI: every ``hiermem <command> ...`` in a shell block (run or skipped) or an inline code span names a
-  command of the typer app and only that command's options; ``--memory a|b|c`` in README is the MCP
-  server's memory kinds.
-- Defaults: README's "Defaults (...)" sentence of SegTreeMem, the ``argument | default`` table of
-  ``HierMemBlock`` in docs/llamaindex.md and the middleware's "**Options.**" bullet in docs/langchain.md.
+  command of the typer app and only that command's options; ``--memory a|b|c`` in docs/mcp.md is the MCP
+  server's memory kinds, and its "Tools" list the MCP server's tools.
+- Defaults: the "Defaults (...)" sentence of SegTreeMem in docs/evaluation.md, the ``argument | default``
+  table of ``HierMemBlock`` in docs/llamaindex.md and the middleware's "**Options.**" bullet in
+  docs/langchain.md.
 """
 
 from __future__ import annotations
@@ -165,8 +166,9 @@ def test_option_value_lists_are_complete() -> None:
     for path, line, name, values, section in _enumerations():
         where = f"{path.relative_to(ROOT)}:{line}"
         if name == "policy":
-            assert section in classes, f"{where}: a policy list outside a memory's section ({section!r})"
-            expected = classes[section].policies
+            memory = re.match(r"\w*", section).group(0)
+            assert memory in classes, f"{where}: a policy list outside a memory's section ({section!r})"
+            expected = classes[memory].policies
         else:
             assert name in options, f"{where}: values of {name!r} listed; add the option to _option_values"
             expected = options[name]
@@ -233,9 +235,10 @@ def test_mcp_memory_choices() -> None:
     from shared_core.serve.mcp_server import MEMORY_KINDS
 
     m = re.search(
-        r"`--memory ([\w|]+)` chooses the memory of new namespaces \(default `(\w+)`\)", _prose(README)
+        r"`--memory ([\w|]+)` chooses the memory of new namespaces \(default `(\w+)`\)",
+        _prose(DOCS / "mcp.md"),
     )
-    assert m, "README: the --memory sentence is gone"
+    assert m, "docs/mcp.md: the --memory sentence is gone"
     assert m.group(1).split("|") == list(MEMORY_KINDS)
     option = next(p for p in _cli().commands["mcp"].params if "--memory" in p.opts)
     assert m.group(2) == option.default
@@ -258,9 +261,9 @@ def test_eval_baselines_table() -> None:
 # --------------------------------------------------------------------------- defaults
 def test_segtree_defaults_sentence() -> None:
     seg = _memory_classes()["SegTreeMem"]
-    text = _prose(README).replace("\n", " ")
+    text = _prose(DOCS / "evaluation.md").replace("\n", " ")
     m = re.search(r"Defaults \(chosen on .*?\): (.*?)\. The paper", text)
-    assert m, "README: SegTreeMem's 'Defaults (chosen on ...): ...' sentence is gone"
+    assert m, "docs/evaluation.md: SegTreeMem's 'Defaults (chosen on ...): ...' sentence is gone"
     s = m.group(1)
     found = {
         "threshold": re.search(r"cosine threshold ([\d.]+)", s).group(1),
@@ -274,7 +277,7 @@ def test_segtree_defaults_sentence() -> None:
     assert re.search(r"^hybrid relevance", s.split(", ")[2])  # the third item names the relevance
     for name, value in found.items():
         code = _default(seg, name)
-        assert str(code) == value, f"README says {name} = {value}, SegTreeMem's default is {code!r}"
+        assert str(code) == value, f"docs/evaluation.md: {name} = {value}, SegTreeMem's default is {code!r}"
     assert _default(seg, "relevance") == "hybrid"
     assert re.search(r"`(\w+)` retrieval", s).group(1) == seg.default_policy
     m = re.search(r"`max_children=(\d+)` \(the default", text)
@@ -317,10 +320,10 @@ def test_middleware_options_bullet() -> None:
 
 
 def test_mcp_tools_list() -> None:
-    """README's bullet list of MCP tools: every registered tool, with its parameters and defaults."""
+    """docs/mcp.md's bullet list of MCP tools: every registered tool, with its parameters and defaults."""
     from shared_core.serve import mcp_server
 
-    text = _prose(README).replace("\n", " ")
+    text = _prose(DOCS / "mcp.md").replace("\n", " ")
     start = text.index("Tools (bad arguments come back as tool errors")
     listed = re.findall(r"- `(\w+)\(([^)]*)\)` →", text[start : text.index("## ", start)])
     registered = re.findall(r"add_tool\(\s*tools\.(\w+)", inspect.getsource(mcp_server.build_server))
