@@ -32,8 +32,9 @@ Namespaces are tuples of strings, e.g. ``("alice", "support-bot", "2024-05-01")`
 one-part namespace. Any printable text is a valid part, including ``".."``, ``"/"``, ``"\\\\"`` or an
 absolute path: on disk a namespace lives in a directory named from a filesystem-safe slug
 (``[A-Za-z0-9_-]`` only) and a SHA-256 digest of the exact tuple, so a name can never address another
-directory; the tuple itself is kept in ``namespace.json`` inside. Control characters (NUL included),
-lone surrogates, empty parts and parts over 256 characters are rejected.
+directory; the tuple itself is kept in ``namespace.json`` inside (a directory whose record names
+another tuple, e.g. a copied one, is never opened as the namespace its name stands for). Control
+characters (NUL included), lone surrogates, empty parts and parts over 256 characters are rejected.
 
 Layout of ``root_dir`` (PostgreSQL keeps the namespace tuple in its ``hiermem.namespaces`` table)::
 
@@ -666,6 +667,7 @@ class MemoryStore:
                 with a tampered or unreadable ``namespace.json``.
         """
         pre = normalize_namespace(prefix) if prefix is not None else ()
+        bad: list[tuple[Path, PersistenceError]] = []
         with self._lock:
             found = set(self._mems) | set(self._evicted.keys())
             if self.url is not None:
@@ -678,11 +680,14 @@ class MemoryStore:
                     try:
                         if d.is_dir() and d.name.startswith("ns-") and (d / _META).is_file():
                             found.add(self._read_meta(d))
-                    except (OSError, PersistenceError) as e:  # PersistenceError is an OSError
+                    except OSError as e:  # PersistenceError included
                         err = e if isinstance(e, PersistenceError) else _unreadable(d, e)
                         if on_invalid is None:
                             raise err from None
-                        on_invalid(d, err)
+                        bad.append((d, err))
+        for d, err in bad:  # not under the table's lock
+            assert on_invalid is not None
+            on_invalid(d, err)
         return sorted(n for n in found if n[: len(pre)] == pre)
 
     # ------------------------------------------------------------------ persistence
