@@ -688,7 +688,8 @@ def serve(
     Raises:
         InvalidInputError: a bad ``http``, kind, URL or ``max_resident``; ``tokens`` without ``http``.
         UnauthenticatedBindError: ``http`` on a host other than loopback without ``tokens``.
-        TokensFileError: an unreadable or malformed tokens file.
+        TokensFileError: an unreadable or malformed tokens file, or a tokens path that is not a regular
+            file (a FIFO, a socket, a device).
         PersistenceError: the store cannot be opened.
     """
     notice = on_notice if on_notice is not None else _print_notice
