@@ -243,7 +243,8 @@ def mcp(
     --http. Every namespace has its own memory; all share the embedded local embedder. Over HTTP,
     --tokens maps bearer tokens to the namespaces each may use; without it the server only listens on
     loopback, unauthenticated. Needs the "mcp" extra of hiermem. Exit code 1 when an option is invalid,
-    the tokens file is malformed, --http is not loopback without --tokens, or the store cannot be opened.
+    the tokens file is malformed or not a regular file, --http is not loopback without --tokens, or the
+    store cannot be opened.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rich.markup import escape

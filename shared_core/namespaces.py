@@ -32,8 +32,9 @@ Namespaces are tuples of strings, e.g. ``("alice", "support-bot", "2024-05-01")`
 one-part namespace. Any printable text is a valid part, including ``".."``, ``"/"``, ``"\\\\"`` or an
 absolute path: on disk a namespace lives in a directory named from a filesystem-safe slug
 (``[A-Za-z0-9_-]`` only) and a SHA-256 digest of the exact tuple, so a name can never address another
-directory; the tuple itself is kept in ``namespace.json`` inside. Control characters (NUL included),
-lone surrogates, empty parts and parts over 256 characters are rejected.
+directory; the tuple itself is kept in ``namespace.json`` inside (a directory whose record names
+another tuple, e.g. a copied one, is never opened as the namespace its name stands for). Control
+characters (NUL included), lone surrogates, empty parts and parts over 256 characters are rejected.
 
 Layout of ``root_dir`` (PostgreSQL keeps the namespace tuple in its ``hiermem.namespaces`` table)::
 
@@ -251,10 +252,17 @@ class MemoryStore:
         return self._dir(parts) if self.root_dir is not None else None
 
     def _write_meta(self, ns: Namespace, mem: HierarchicalMemory) -> None:
+        """Write the namespace record of ``ns``, or check the one there (a directory whose record names
+        another namespace, e.g. a copied one, is never opened or saved into as ``ns``).
+
+        Raises:
+            PersistenceError: the record there is unreadable or names another namespace.
+        """
         d = self._dir(ns)
         d.mkdir(parents=True, exist_ok=True)
         meta = d / _META
         if meta.is_file():
+            self._read_meta(d)
             return
         tmp = d / f".{_META}.tmp"
         tmp.write_text(json.dumps({"format": _FORMAT, "namespace": list(ns), "kind": mem.kind}), "utf-8")
@@ -637,15 +645,29 @@ class MemoryStore:
                     shutil.rmtree(trash, ignore_errors=True)
             return existed
 
-    def list_namespaces(self, prefix: NamespaceLike | None = None) -> list[Namespace]:
+    def list_namespaces(
+        self,
+        prefix: NamespaceLike | None = None,
+        *,
+        on_invalid: Callable[[Path, PersistenceError], None] | None = None,
+    ) -> list[Namespace]:
         """Namespaces open or stored under ``root_dir`` (with PostgreSQL: those the database holds, and
         open memories of namespaces deleted by another process are forgotten), sorted; only those
         starting with ``prefix``.
 
+        Args:
+            prefix: only namespaces starting with these parts; ``None``: all.
+            on_invalid: called with the directory and the error for each namespace directory under
+                ``root_dir`` that cannot be read or whose ``namespace.json`` is unreadable, tampered or
+                names another namespace than the directory stands for (e.g. a copied directory); that
+                directory is then left out. Default ``None``: such a directory raises.
+
         Raises:
-            PersistenceError: a namespace directory with a tampered or unreadable ``namespace.json``.
+            PersistenceError: without ``on_invalid``, a namespace directory that cannot be read or
+                with a tampered or unreadable ``namespace.json``.
         """
         pre = normalize_namespace(prefix) if prefix is not None else ()
+        bad: list[tuple[Path, PersistenceError]] = []
         with self._lock:
             found = set(self._mems) | set(self._evicted.keys())
             if self.url is not None:
@@ -654,9 +676,18 @@ class MemoryStore:
                 for parts in [p for p in held if p not in found]:  # deleted by another process
                     self._forget_stale(parts, held[parts])
             elif self.root_dir is not None and self.root_dir.is_dir():
-                for d in self.root_dir.iterdir():
-                    if d.is_dir() and d.name.startswith("ns-") and (d / _META).is_file():
-                        found.add(self._read_meta(d))
+                for d in sorted(self.root_dir.iterdir()):  # the same first error everywhere
+                    try:
+                        if d.is_dir() and d.name.startswith("ns-") and (d / _META).is_file():
+                            found.add(self._read_meta(d))
+                    except OSError as e:  # PersistenceError included
+                        err = e if isinstance(e, PersistenceError) else _unreadable(d, e)
+                        if on_invalid is None:
+                            raise err from None
+                        bad.append((d, err))
+        for d, err in bad:  # not under the table's lock
+            assert on_invalid is not None
+            on_invalid(d, err)
         return sorted(n for n in found if n[: len(pre)] == pre)
 
     # ------------------------------------------------------------------ persistence
@@ -725,6 +756,11 @@ def _takes_positional(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def _unreadable(d: Path, e: OSError) -> PersistenceError:
+    """The error of a namespace directory the listing cannot look into (e.g. no permission)."""
+    return PersistenceError(f"{d} cannot be read as a namespace directory: {e.strerror or e}.")
 
 
 def _owned(lock: Any) -> bool:

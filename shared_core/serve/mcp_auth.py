@@ -130,13 +130,20 @@ class TokenTable:
         """Read and validate a tokens file.
 
         Raises:
-            TokensFileError: the file cannot be read, is not UTF-8 JSON, or its content is malformed
-                (see :meth:`from_mapping`); the message names the file and the token's position.
+            TokensFileError: the path is not a regular file (a FIFO, a device, a socket or a
+                directory: refused before it is opened, so start-up never waits on a pipe), the file
+                cannot be read, is not UTF-8 JSON, or its content is malformed (see
+                :meth:`from_mapping`); the message names the file and the token's position.
         """
         p = Path(path).expanduser()
         where = f"tokens file {p}"
         try:
-            with open(p, "rb") as f:
+            _check_regular(os.stat(p).st_mode, where)
+            # O_NONBLOCK: should the path become a FIFO after the check, opening it does not wait for
+            # a writer, and the check of the opened file below refuses it
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+            with open(fd, "rb") as f:
+                _check_regular(os.fstat(f.fileno()).st_mode, where)
                 raw = f.read(MAX_TOKENS_FILE_BYTES + 1)
         except OSError as e:
             raise TokensFileError(f"{where}: cannot read it ({e.strerror or e}).") from None
@@ -323,6 +330,29 @@ def tokens_file_notice(path: str | Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- helpers
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _check_regular(mode: int, where: str) -> None:
+    """Refuse a tokens path that is not a regular file (``mode``: its ``st_mode``).
+
+    Raises:
+        TokensFileError: a directory, a FIFO, a socket, a device or any other non-regular file.
+    """
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
+    raise TokensFileError(
+        f"{where}: cannot read it: it is {kind}, not a regular file; give the path of a JSON file."
+    )
+
+
 class _Pairs:
     """A JSON object as its key/value pairs in order (duplicate keys kept, to be refused)."""
 

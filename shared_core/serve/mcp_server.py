@@ -50,7 +50,20 @@ from ..namespaces import (
     normalize_namespace,
 )
 from ..stores import is_postgres_url
-from ..types import HierMemError, InvalidInputError, Message
+from ..stores.namespace import NamespaceDeletedError
+from ..types import (
+    CommitUnknownError,
+    EmbeddingError,
+    HierMemError,
+    InvalidInputError,
+    LLMRequiredError,
+    Message,
+    ModelError,
+    NamespaceBusyError,
+    NodeNotFoundError,
+    PersistenceError,
+    UnknownPolicyError,
+)
 from ..viz import parse_timestamp
 from .mcp_auth import (
     Grant,
@@ -157,17 +170,69 @@ RangeEnd = Annotated[
 MessageId = Annotated[str, Field(description="The id remember returned (a source id of a recall hit).")]
 
 
+_log = logging.getLogger(__name__)
+
+#: Errors about the caller's own arguments, raised while checking them against the caller's own
+#: namespace: their message (which quotes what the caller sent, or its memory's choices) reaches it.
+_CALLER_ERRORS: tuple[type[HierMemError], ...] = (
+    InvalidInputError,
+    UnknownPolicyError,
+    LLMRequiredError,
+    NodeNotFoundError,
+)
+#: What a client is told of an error of the server's side (its store, its models), most specific
+#: first. The error's own message is for the operator: it may name files, other namespaces (a copied
+#: directory's record) or a provider's reply, so it goes to the server's log only.
+_SERVER_ERRORS: tuple[tuple[type[HierMemError], str], ...] = (
+    (
+        NamespaceBusyError,
+        "The namespace is busy (another writer holds it); nothing was changed, try again later.",
+    ),
+    (
+        CommitUnknownError,
+        "The connection to the database was lost while committing: the change may or may not be stored; "
+        "recall before trying again.",
+    ),
+    (NamespaceDeletedError, "The namespace was deleted by another process meanwhile; try again."),
+    (PersistenceError, "The server could not read or write this namespace's store."),
+    (ModelError, "The server's model (embedder or LLM) failed."),
+    (EmbeddingError, "The server's embedder returned unusable vectors."),
+)
+#: Expected in normal operation (a busy or shared store): logged as a warning without a traceback.
+_TRANSIENT = (NamespaceBusyError, CommitUnknownError, NamespaceDeletedError)
+
+
 @contextmanager
-def _as_tool_errors() -> Iterator[None]:
-    """Turn hiermem's typed errors into MCP tool errors that carry their message to the client.
+def _as_tool_errors(tool: str) -> Iterator[None]:
+    """Turn hiermem's typed errors raised by ``tool`` into MCP tool errors.
+
+    An error about the caller's arguments (:data:`_CALLER_ERRORS`) carries its message. Any other
+    (the store, a model, an internal check) carries a fixed sentence for its kind and a reference;
+    its message is logged under that reference (logger ``shared_core.serve.mcp_server``), so no
+    client ever reads another namespace's name or text, a path or a provider's reply.
 
     Raises:
         ToolError: from any :class:`~shared_core.types.HierMemError`.
     """
     try:
         yield
-    except HierMemError as e:
+    except _CALLER_ERRORS as e:
         raise ToolError(str(e)) from e
+    except HierMemError as e:
+        ref = uuid.uuid4().hex[:12]
+        told = next((text for cls, text in _SERVER_ERRORS if isinstance(e, cls)), None)
+        transient = isinstance(e, _TRANSIENT)
+        _log.log(
+            logging.WARNING if transient else logging.ERROR,
+            "%s failed (reference %s): %s: %s",
+            tool,
+            ref,
+            type(e).__name__,
+            e,
+            exc_info=None if transient else e,
+        )
+        told = told or "The server failed to complete the call."
+        raise ToolError(f"{told} (Reference {ref} in the server's log.)") from e
 
 
 def _check_namespace(namespace: Any) -> tuple[str]:
@@ -215,7 +280,9 @@ class HierMemTools:
 
     Every method raises :class:`ToolError` (an MCP error result with a clear message) for bad arguments
     and for a namespace the request's token may not use (checked before the store is touched, with
-    one message whether the namespace exists or not).
+    one message whether the namespace exists or not). An error of the server's side (the store, a
+    model) reaches the client as a fixed sentence with a reference; its message goes to the server's
+    log only (see :func:`_as_tool_errors`), so no error carries text or names of another namespace.
     """
 
     def __init__(self, store: MemoryStore, access: Callable[[], Grant | None] | None = None) -> None:
@@ -223,6 +290,7 @@ class HierMemTools:
         self.access = access
         self._probe: HierarchicalMemory | None = None
         self._probe_lock = threading.Lock()
+        self._skipped: set[tuple[str, str]] = set()  # directories logged as skipped
 
     def _grant(self) -> Grant | None:
         """The request's grant; ``None`` without access control.
@@ -295,7 +363,7 @@ class HierMemTools:
         if speaker is not None and not speaker.strip():
             speaker = None
         mid = uuid.uuid4().hex
-        with _as_tool_errors():
+        with _as_tool_errors("remember"):
             msg = Message(text, speaker=speaker, timestamp=timestamp, id=mid)
             self.store.add(ns, msg)
         return mid
@@ -331,7 +399,7 @@ class HierMemTools:
         kw: dict[str, Any] = {}
         if time_range_start is not None or time_range_end is not None:
             kw["time_range"] = (time_range_start, time_range_end)
-        with _as_tool_errors():
+        with _as_tool_errors("recall"):
             # a namespace that does not exist: an empty memory validates the arguments and finds nothing
             mem = self.store.get(ns) or self._empty_memory()
             hits = mem.retrieve(query, k=k, policy=policy, **kw)
@@ -368,7 +436,7 @@ class HierMemTools:
         ns = self._namespace(namespace)
         if not isinstance(id, str) or not id.strip():
             raise ToolError("id is empty; pass an id that remember returned.")
-        with _as_tool_errors():
+        with _as_tool_errors("forget"):
             if self.store.get(ns) is None:
                 raise ToolError(f"No namespace {namespace!r}; list_namespaces shows the existing ones.")
             return int(self.store.delete(ns, id))
@@ -383,9 +451,21 @@ class HierMemTools:
             ToolError: the store cannot be read; no token (with access control).
         """
         grant = self._grant()
-        with _as_tool_errors():
-            names = [ns[0] for ns in self.store.list_namespaces() if len(ns) == 1]
+        with _as_tool_errors("list_namespaces"):
+            stored = self.store.list_namespaces(on_invalid=self._skip_directory)
+        names = [ns[0] for ns in stored if len(ns) == 1]
         return names if grant is None else [n for n in names if grant.allows(n)]
+
+    def _skip_directory(self, path: Path, error: PersistenceError) -> None:
+        """A namespace directory that cannot be listed (e.g. its ``namespace.json`` names another
+        namespace: a copied or tampered directory): left out of every listing, and logged once (path
+        and reason) for the operator; never shown to a client."""
+        key = (str(path), str(error))
+        with self._probe_lock:
+            if key in self._skipped:
+                return
+            self._skipped.add(key)
+        _log.warning("Skipping namespace directory %s: %s", path, error)
 
     def memory_stats(self, namespace: Namespace) -> dict[str, Any]:
         """Describe a namespace's memory: size, tree shape, model usage, retrieval policies.
@@ -401,7 +481,7 @@ class HierMemTools:
             ToolError: a bad or unknown namespace, or one the token may not use.
         """
         ns = self._namespace(namespace)
-        with _as_tool_errors():
+        with _as_tool_errors("memory_stats"):
             mem = self.store.get(ns)
             if mem is None:
                 raise ToolError(
@@ -490,7 +570,8 @@ def open_store(
 
 def _warm_up(embedder: Embedder) -> None:
     """Embed one text so the model is loaded before the first tool call needs it."""
-    # a failure (e.g. a missing 'local' extra) is reported again, clearly, by the first call that embeds
+    # a failure (e.g. a missing 'local' extra) is reported again, in the server's log, by the first call
+    # that embeds
     with suppress(Exception):
         embedder.embed(["hiermem"])
 
@@ -610,7 +691,8 @@ def serve(
     Raises:
         InvalidInputError: a bad ``http``, kind, URL or ``max_resident``; ``tokens`` without ``http``.
         UnauthenticatedBindError: ``http`` on a host other than loopback without ``tokens``.
-        TokensFileError: an unreadable or malformed tokens file.
+        TokensFileError: an unreadable or malformed tokens file, or a tokens path that is not a regular
+            file (a FIFO, a socket, a device).
         PersistenceError: the store cannot be opened.
     """
     notice = on_notice if on_notice is not None else _print_notice

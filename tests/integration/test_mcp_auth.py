@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import unicodedata
@@ -37,7 +38,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from shared_core.cli import app  # noqa: E402
-from shared_core.namespaces import MemoryStore  # noqa: E402
+from shared_core.namespaces import MemoryStore, namespace_dirname  # noqa: E402
 from shared_core.serve import (
     mcp_auth,  # noqa: E402
     mcp_server,  # noqa: E402
@@ -54,12 +55,16 @@ from shared_core.serve.mcp_auth import (  # noqa: E402
 from shared_core.serve.mcp_server import HierMemTools, build_server, memory_factory, open_store  # noqa: E402
 from tests.support.mcp import ROOT, SERVER_ENV, TIMEOUT, _error, _free_port, _ok, _wait_listening  # noqa: E402
 from tests.support.memory import HashEmbedder  # noqa: E402
+from tests.support.namespaces import copy_namespace  # noqa: E402
 
 A, B, STAR = (secrets.token_urlsafe(32) for _ in range(3))
 TOKENS = {A: ["alice"], B: ["bob", "team"], STAR: ["*"]}
 #: well-formed tokens the server does not know (a near miss of A among them)
 WRONG = [secrets.token_urlsafe(32), A[:-1] + ("x" if A[-1] != "x" else "y"), A + "x", A[:-1]]
 SECRETS = [A, B, STAR, *WRONG]
+#: the namespace a tampered directory of the served store names (see the ``server`` fixture)
+HIDDEN = "eve-private-ledger"
+HIDDEN_TEXT = "the vault code is 8675309"
 
 
 def _write_tokens(path: Path, tokens: Any) -> Path:
@@ -76,13 +81,22 @@ def _no_secret(text: str) -> None:
 # --------------------------------------------------------------------------- the server, over HTTP
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """``hiermem mcp --http 127.0.0.1:<free port> --tokens FILE`` (in memory); its URL and stderr log."""
+    """``hiermem mcp --http 127.0.0.1:<free port> --tokens FILE --store DIR``; its URL and stderr log.
+
+    The store holds a copied directory: the one of B's namespace ``"team"`` holds a copy of the
+    memory of :data:`HIDDEN` (a namespace only ``"*"`` could hold; its own directory is gone), its
+    record naming :data:`HIDDEN`."""
     tmp = tmp_path_factory.mktemp("mcp-auth")
     tokens = _write_tokens(tmp / "tokens.json", TOKENS)
+    hidden = MemoryStore(memory_factory("segtree", HashEmbedder()), tmp / "store", durable=True)  # type: ignore[arg-type]
+    hidden.add((HIDDEN,), HIDDEN_TEXT)
+    hidden.close()
+    copy_namespace(tmp / "store", (HIDDEN,), ("team",))
+    shutil.rmtree(tmp / "store" / namespace_dirname((HIDDEN,)))
     port = _free_port()
     log = tmp / "server.log"
     out = tmp / "server.out"
-    env = {**os.environ, **SERVER_ENV}
+    env = {**os.environ, **SERVER_ENV, "COLUMNS": "1000"}  # log lines unwrapped
     with open(log, "wb") as err, open(out, "wb") as stdout:
         proc = subprocess.Popen(
             [
@@ -94,6 +108,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
                 f"127.0.0.1:{port}",
                 "--tokens",
                 str(tokens),
+                "--store",
+                str(tmp / "store"),
             ],
             cwd=ROOT,
             env=env,
@@ -242,6 +258,34 @@ async def test_a_token_reaches_only_its_namespaces(server: tuple[str, Path], mod
             # cleanup for the other protocol era: "*" may forget anywhere
             assert await _ok(star, "forget", {"namespace": "bob", "id": bob_id}) == 1
             assert await _ok(star, "forget", {"namespace": "alice", "id": keep}) == 1
+
+
+async def test_a_tampered_directory_is_skipped_and_logged(server: tuple[str, Path]) -> None:
+    """The directory of "team" holds another namespace's memory: every token still lists its own
+    namespaces (never that directory), B's calls on "team" fail without naming that namespace, its
+    text or the directory, and the server's log tells the operator which directory and why."""
+    url, log = server
+    team = namespace_dirname(("team",))
+    own = {A: {"alice"}, B: {"bob", "team"}, STAR: None}
+    with anyio.fail_after(TIMEOUT):
+        for token, names in own.items():
+            async with _client(url, token) as client:
+                listed = await _ok(client, "list_namespaces")
+                assert HIDDEN not in listed and "team" not in listed, listed
+                assert names is None or set(listed) <= names, listed
+        async with _client(url, B) as b:
+            for tool, args in (
+                ("remember", {"namespace": "team", "text": "minutes of the meeting"}),
+                ("recall", {"namespace": "team", "query": "meeting"}),
+                ("memory_stats", {"namespace": "team"}),
+            ):
+                msg = await _error(b, tool, args)
+                assert "could not read or write" in msg and "Reference" in msg, msg
+                assert HIDDEN not in msg and "8675309" not in msg and team not in msg, msg
+    text = log.read_text(errors="replace")
+    assert f"Skipping namespace directory {team}" not in text  # the whole path is logged
+    skipped = [line for line in text.splitlines() if "Skipping namespace directory" in line]
+    assert len(skipped) == 1 and team in skipped[0] and "does not belong" in skipped[0], skipped
 
 
 async def test_a_session_belongs_to_its_token(server: tuple[str, Path]) -> None:
@@ -400,6 +444,11 @@ def test_cli_malformed_tokens_file_exits_1(tmp_path: Path) -> None:
         assert SHORT not in err
     r = _run_cli("--http", f"127.0.0.1:{port}", "--tokens", str(tmp_path / "nope.json"))
     assert r.returncode == 1 and b"cannot read it" in r.stderr
+    if os.name == "posix":  # a FIFO nothing writes to: refused at once (it used to wait forever)
+        os.mkfifo(tmp_path / "fifo.json")
+        r = _run_cli("--http", f"127.0.0.1:{port}", "--tokens", str(tmp_path / "fifo.json"))
+        err = r.stderr.decode(errors="replace")
+        assert r.returncode == 1 and "fifo.json" in err and "not a regular file" in err, err
 
 
 # --------------------------------------------------------------------------- where it may listen

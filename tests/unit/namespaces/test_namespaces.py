@@ -13,6 +13,7 @@ from shared_core import HAT, MemTree, Message, SegTreeMem
 from shared_core.namespaces import MemoryStore, namespace_dirname, normalize_namespace
 from shared_core.types import InvalidInputError, NodeNotFoundError, PersistenceError
 from tests.support.memory import LLM_FREE_POLICIES, HashEmbedder, check_tree
+from tests.support.namespaces import copy_namespace, tamper_record
 
 EMB = HashEmbedder()
 CLASSES = [SegTreeMem, MemTree, HAT]
@@ -214,6 +215,54 @@ def test_tampered_namespace_record(tmp_path):
     meta.write_text('{"format": 1, "namespace": ["bob\\u0000"]}')
     with pytest.raises(PersistenceError):
         MemoryStore(lambda: SegTreeMem(EMB), tmp_path).list_namespaces()
+
+
+def test_list_namespaces_can_skip_bad_directories(tmp_path):
+    """With ``on_invalid`` a tampered, copied or unreadable directory is reported and left out."""
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True)
+    for ns in (("alice",), ("bob",), ("carol", "x")):
+        store.add(ns, f"{ns[0]} likes tea")
+    store.close()
+    tampered = tamper_record(tmp_path, ("bob",), ["alice"])
+    copied = copy_namespace(tmp_path, ("alice",), ("dave",))
+    garbled = tamper_record(tmp_path, ("erin",), ["x"])
+    (garbled / "namespace.json").write_text("{not json")
+    bad: list[tuple[Path, PersistenceError]] = []
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=True)
+    got = store.list_namespaces(on_invalid=lambda d, e: bad.append((d, e)))
+    assert got == [("alice",), ("carol", "x")]
+    assert store.list_namespaces(("carol",), on_invalid=lambda d, e: None) == [("carol", "x")]
+    assert sorted(d for d, _ in bad) == sorted([tampered, copied, garbled])
+    reasons = {d: str(e) for d, e in bad}
+    assert "does not belong" in reasons[tampered] and "does not belong" in reasons[copied]
+    assert "not a valid namespace record" in reasons[garbled]
+    assert all(isinstance(e, PersistenceError) for _, e in bad)
+    with pytest.raises(PersistenceError):  # without on_invalid: as before
+        store.list_namespaces()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_copied_directory_is_never_opened_as_its_folder(tmp_path, durable):
+    """Dave's directory holds a copy of alice's (its record names alice): dave's namespace refuses to
+    open from it, for reads and writes, and neither directory changes."""
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=durable)
+    store.add(("alice",), "alice's locker code is 4921")
+    if not durable:
+        store.save()
+    store.close()
+    copy = copy_namespace(tmp_path, ("alice",), ("dave",))
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    store = MemoryStore(lambda: SegTreeMem(EMB), tmp_path, durable=durable)
+    for call in (
+        lambda: store.retrieve(("dave",), "locker code"),
+        lambda: store.get(("dave",)),
+        lambda: store.add(("dave",), "dave's note"),
+        lambda: store.delete(("dave",), "x"),
+    ):
+        with pytest.raises(PersistenceError, match="does not belong"):
+            call()
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+    assert [h.text for h in store.retrieve(("alice",), "locker code")] == ["alice's locker code is 4921"]
 
 
 def test_factory_checks(tmp_path):
