@@ -167,6 +167,18 @@ RangeEnd = Annotated[
     str | None,
     Field(description="Only messages at or before this ISO-8601 date or date-time; a date includes its day."),
 ]
+AsOf = Annotated[
+    str | None,
+    Field(
+        description="Ask as of this ISO-8601 date or date-time (a date means the end of that day): nothing "
+        "remembered with a later timestamp comes back, and 'last Friday' or 'in June' in the query mean "
+        "the ones before it (default: now)."
+    ),
+]
+MinScore = Annotated[
+    float | None,
+    Field(ge=0.0, le=1.0, description="Only hits whose score (cosine similarity, 0 to 1) is at least this."),
+]
 MessageId = Annotated[str, Field(description="The id remember returned (a source id of a recall hit).")]
 
 
@@ -376,6 +388,8 @@ class HierMemTools:
         policy: Policy = None,
         time_range_start: RangeStart = None,
         time_range_end: RangeEnd = None,
+        as_of: AsOf = None,
+        min_score: MinScore = None,
     ) -> list[RecallHit]:
         """Find what a namespace's memory holds about a query, best first.
 
@@ -386,6 +400,9 @@ class HierMemTools:
             policy: the memory's retrieval policy (default: its own).
             time_range_start: only messages at or after this ISO-8601 date or date-time.
             time_range_end: only messages at or before this one (a date includes its whole day).
+            as_of: the time the query is asked at (ISO-8601; a date means the end of that day): no
+                message timestamped after it, and time expressions resolve against it.
+            min_score: only hits whose score (cosine similarity in [0, 1]) is at least this.
 
         Returns:
             Hits with text, score, is_leaf, span, source_ids (message ids), timestamp and speaker
@@ -393,12 +410,17 @@ class HierMemTools:
 
         Raises:
             ToolError: a bad namespace or one the token may not use, an empty query, an unknown
-                policy (the message names the choices), an unreadable or reversed time range.
+                policy (the message names the choices), an unreadable or reversed time range, an
+                unreadable ``as_of``, a ``min_score`` outside [0, 1].
         """
         ns = self._namespace(namespace)
         kw: dict[str, Any] = {}
         if time_range_start is not None or time_range_end is not None:
             kw["time_range"] = (time_range_start, time_range_end)
+        if as_of is not None:
+            kw["as_of"] = as_of
+        if min_score is not None:
+            kw["min_score"] = min_score
         with _as_tool_errors("recall"):
             # a namespace that does not exist: an empty memory validates the arguments and finds nothing
             mem = self.store.get(ns) or self._empty_memory()

@@ -64,6 +64,29 @@ async def test_time_range(local_embedder: Any) -> None:
         assert "ISO-8601" in await _error(client, "recall", {**q, "time_range_start": "last week"})
 
 
+async def test_as_of_and_min_score(local_embedder: Any) -> None:
+    """recall as of a time sees nothing remembered later; min_score keeps the hits scoring at least it;
+    bad values are tool errors naming them."""
+    server = build_server(open_store(None, "segtree", local_embedder))
+    async with Client(server) as client:
+        msgs = [
+            ("I live in Lyon with my cat.", "ana", "2024-01-10T09:00:00"),
+            ("I moved to Bordeaux with my cat.", "ana", "2024-03-02T18:00:00"),
+            ("The weather report mentions rain.", "ana", "2024-03-05T08:00:00"),
+        ]
+        ids = await _remember_all(client, "ana", msgs)
+        q = {"namespace": "ana", "query": "where do I live with my cat"}
+        assert _ids(await _ok(client, "recall", {**q, "as_of": "2024-02-01"})) == {ids[0]}
+        assert _ids(await _ok(client, "recall", {**q, "as_of": "2024-03-02"})) == {ids[0], ids[1]}
+        every = await _ok(client, "recall", q)
+        assert all(0.0 <= h["score"] <= 1.0 for h in every)
+        cut = sorted(h["score"] for h in every)[1]
+        kept = await _ok(client, "recall", {**q, "min_score": cut})
+        assert [h["source_ids"] for h in kept] == [h["source_ids"] for h in every if h["score"] >= cut]
+        assert "as_of" in await _error(client, "recall", {**q, "as_of": "next tuesday-ish"})
+        assert "min_score" in await _error(client, "recall", {**q, "min_score": 1.5})
+
+
 @pytest.mark.parametrize("kind", MEMORY_KINDS)
 async def test_every_memory_kind(kind: str, local_embedder: Any, tmp_path: Path) -> None:
     server = build_server(open_store(tmp_path / "store", kind, local_embedder))
