@@ -45,6 +45,7 @@ class StoreBinding:
     if TYPE_CHECKING:
 
         def _set_state(self, state: dict[str, Any]) -> None: ...
+        def _check_open(self) -> None: ...
 
     def _mem(self) -> HierarchicalMemory:
         return cast("HierarchicalMemory", self)
@@ -189,6 +190,7 @@ class StoreBinding:
             self._sync_store()
 
     def _sync_store(self) -> None:
+        self._check_open()
         if self._durable is not None:
             self._durable.sync(self)
 
