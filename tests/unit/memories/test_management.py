@@ -164,7 +164,7 @@ def test_get_all_after_adds_upserts_and_deletes_equals_a_list_of_live_messages(k
 
 # --------------------------------------------------------------------------- close
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_closed_memory_raises_a_typed_error_and_close_is_idempotent(kind):
+def test_a_closed_memory_raises_a_typed_error_and_close_is_idempotent(kind, tmp_path):
     with make_memory(kind) as mem:
         mem.add([_msg(0), _msg(1)])
         assert not mem.closed
@@ -178,6 +178,8 @@ def test_a_closed_memory_raises_a_typed_error_and_close_is_idempotent(kind):
         lambda: len(mem),
         lambda: mem.stats(),
         lambda: mem.clear(),
+        lambda: mem.refresh(),
+        lambda: mem.attach_store(tmp_path / "m.sqlite"),
     ):
         with pytest.raises(MemoryClosedError, match="closed"):
             call()
