@@ -261,20 +261,20 @@ def mcp(
         pass
 
 
-def _open_existing(store: str, memory: str = "segtree") -> Any:
-    """The MemoryStore at ``store`` (a directory that must exist, or a postgresql:// URL); exit 1 else."""
+def _open_existing(store: str, memory: str = "segtree", *, create: bool = False) -> Any:
+    """The MemoryStore at ``store`` (a directory, which must exist unless ``create``, or a postgresql://
+    URL); exit 1 else."""
     from rich.markup import escape
 
     from .serve.mcp_server import MEMORY_KINDS
-    from .serve.transfer import open_stored_kinds
-    from .stores import is_postgres_url
+    from .serve.transfer import open_stored_kinds, store_exists
     from .types import HierMemError
 
     err = Console(stderr=True)
     if memory not in MEMORY_KINDS:
         err.print(f"[red]unknown --memory {escape(memory)!r}; choose one of {', '.join(MEMORY_KINDS)}[/red]")
         raise typer.Exit(1)
-    if not is_postgres_url(store) and not Path(store).expanduser().is_dir():
+    if not create and not store_exists(store):
         err.print(f"[red]no store at {escape(store)}: give a store directory or a postgresql:// URL[/red]")
         raise typer.Exit(1)
     try:
@@ -345,11 +345,7 @@ def import_command(
         read_jsonl(src)  # a malformed file adds nothing, not even a new store directory
     except HierMemError as e:
         _fail("cannot import", e)
-    from .stores import is_postgres_url
-
-    if not is_postgres_url(store):
-        Path(store).expanduser().mkdir(parents=True, exist_ok=True)
-    mems = _open_existing(store, memory)
+    mems = _open_existing(store, memory, create=True)
     try:
         counts = import_jsonl(
             mems, src, upsert=upsert, progress=lambda ns, n: console.print(f"{'/'.join(ns)}: {n} messages")

@@ -29,10 +29,24 @@ from ..stores import is_postgres_url
 from ..types import InvalidInputError, Message, PersistenceError, check_message_fields
 from .mcp_server import memory_factory, open_store
 
-__all__ = ["FIELDS", "export_jsonl", "import_jsonl", "inspect_store", "open_stored_kinds", "read_jsonl"]
+__all__ = [
+    "FIELDS",
+    "export_jsonl",
+    "import_jsonl",
+    "inspect_store",
+    "open_stored_kinds",
+    "read_jsonl",
+    "store_exists",
+]
 
 #: the keys of one exported line
 FIELDS = ("namespace", "text", "role", "speaker", "timestamp", "id", "metadata")
+
+
+def store_exists(store: str) -> bool:
+    """Whether ``store`` names a store to read: a ``postgresql://`` URL (the server decides), or an existing
+    directory."""
+    return is_postgres_url(store) or Path(store).expanduser().is_dir()
 
 
 def open_stored_kinds(store: str, memory: str = "segtree", embedder: Embedder | None = None) -> MemoryStore:
