@@ -80,7 +80,7 @@ def demo(
             step = 16
             while pos < end:
                 batch = conv.messages[pos : min(end, pos + step)]
-                mem.add(batch)
+                mem.add(batch, allow_duplicate_ids=True)  # a RealMem session's turns share its id
                 for m in methods.values():
                     m.add(batch)
                 pos += len(batch)
