@@ -578,7 +578,8 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
         added = _Added(ns, space, ops)
         if messages:
             assert space.memory is not None
-            report = space.memory.add(messages)  # atomic: on error this memory is unchanged
+            # atomic: on error this memory is unchanged; a key's fields and parts share its id
+            report = space.memory.add(messages, allow_duplicate_ids=True)
             for m, lid in zip(messages, report.leaf_ids):
                 added.leaves.setdefault(m.id or "", []).append(lid)
                 added.texts.setdefault(m.id or "", []).append(m.text)

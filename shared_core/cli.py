@@ -1,4 +1,5 @@
-"""The ``hiermem`` command line: ``hiermem demo`` (and more as they land)."""
+"""The ``hiermem`` command line: ``demo``, ``viz``, ``mcp``, ``export`` / ``import`` / ``inspect``, ``eval``
+and ``bench``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -82,7 +83,7 @@ def demo(
             step = 16
             while pos < end:
                 batch = conv.messages[pos : min(end, pos + step)]
-                mem.add(batch)
+                mem.add(batch, allow_duplicate_ids=True)  # a RealMem session's turns share its id
                 for m in methods.values():
                     m.add(batch)
                 pos += len(batch)
@@ -275,6 +276,124 @@ def mcp(
         raise typer.Exit(1) from None
     except KeyboardInterrupt:  # pragma: no cover - interactive stop of the HTTP server
         pass
+
+
+def _open_existing(store: str, memory: str = "segtree", *, create: bool = False) -> Any:
+    """The MemoryStore at ``store`` (a directory, which must exist unless ``create``, or a postgresql://
+    URL); exit 1 else."""
+    from rich.markup import escape
+
+    from .serve.mcp_server import MEMORY_KINDS
+    from .serve.transfer import open_stored_kinds, store_exists
+    from .types import HierMemError
+
+    err = Console(stderr=True)
+    if memory not in MEMORY_KINDS:
+        err.print(f"[red]unknown --memory {escape(memory)!r}; choose one of {', '.join(MEMORY_KINDS)}[/red]")
+        raise typer.Exit(1)
+    if not create and not store_exists(store):
+        err.print(f"[red]no store at {escape(store)}: give a store directory or a postgresql:// URL[/red]")
+        raise typer.Exit(1)
+    try:
+        return open_stored_kinds(store, memory)
+    except HierMemError as e:
+        err.print(f"[red]cannot open the store:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _fail(what: str, e: Exception) -> NoReturn:
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[red]{what}:[/red] {escape(str(e))}", soft_wrap=True)
+    raise typer.Exit(1) from None
+
+
+_STORE_HELP = (
+    "A store directory (one SQLite store per namespace, as hiermem mcp --store) or a postgresql:// URL."
+)
+
+
+@app.command("export")
+def export_command(
+    store: str = typer.Argument(..., help=_STORE_HELP),
+    out: Path = typer.Argument(..., help="The JSON Lines file to write (one message per line)."),
+    namespace: list[str] | None = typer.Option(
+        None, "--namespace", help="Export only this namespace (repeat for each part of a tuple)."
+    ),
+) -> None:
+    """Write every message of a store (or of one namespace) to a JSON Lines file.
+
+    One line per message, namespaces sorted, each namespace in insertion order, with every field:
+    namespace, text, role, speaker, timestamp, id, metadata. Exit code 1 when the store or the namespace
+    does not exist or the file cannot be written.
+    """
+    from .serve.transfer import export_jsonl
+    from .types import HierMemError
+
+    mems = _open_existing(store)
+    try:
+        counts = export_jsonl(mems, out, namespace=tuple(namespace) if namespace else None)
+    except HierMemError as e:
+        _fail("cannot export", e)
+    finally:
+        mems.close()
+    console.print(f"exported {sum(counts.values())} messages of {len(counts)} namespace(s) to {out}")
+
+
+@app.command("import")
+def import_command(
+    src: Path = typer.Argument(..., help="A JSON Lines file written by hiermem export."),
+    store: str = typer.Argument(..., help=_STORE_HELP + " A directory is created if missing."),
+    memory: str = typer.Option(
+        "segtree", "--memory", help="Memory of new namespaces: segtree, memtree, hat or xmemory."
+    ),
+    upsert: bool = typer.Option(False, "--upsert", help="Replace stored messages that have the same id."),
+) -> None:
+    """Add the messages of an export to a store, embedding them with the local models.
+
+    The whole file is checked first: a malformed line is reported with its line number and nothing is
+    added. Each namespace then gets all of its messages in one atomic add, or none. An id the namespace
+    already holds is an error unless --upsert. Exit code 1 on any error.
+    """
+    from .serve.transfer import import_jsonl, read_jsonl
+    from .types import HierMemError
+
+    try:
+        read_jsonl(src)  # a malformed file adds nothing, not even a new store directory
+    except HierMemError as e:
+        _fail("cannot import", e)
+    mems = _open_existing(store, memory, create=True)
+    try:
+        counts = import_jsonl(
+            mems, src, upsert=upsert, progress=lambda ns, n: console.print(f"{'/'.join(ns)}: {n} messages")
+        )
+    except HierMemError as e:
+        _fail("cannot import", e)
+    finally:
+        mems.close()
+    console.print(f"imported {sum(counts.values())} messages into {len(counts)} namespace(s)")
+
+
+@app.command("inspect")
+def inspect_command(store: str = typer.Argument(..., help=_STORE_HELP)) -> None:
+    """List a store's namespaces with their memory kind, messages, nodes, tree height and size on disk."""
+    from .serve.transfer import inspect_store
+    from .types import HierMemError
+
+    mems = _open_existing(store)
+    try:
+        rows = inspect_store(mems)
+    except HierMemError as e:
+        _fail("cannot inspect", e)
+    finally:
+        mems.close()
+    table = Table("namespace", "kind", "messages", "nodes", "height", "bytes")
+    for r in rows:
+        size = "-" if r["bytes"] is None else f"{r['bytes']:,}"
+        table.add_row(
+            "/".join(r["namespace"]), r["kind"], str(r["messages"]), str(r["nodes"]), str(r["height"]), size
+        )
+    console.print(table)
 
 
 def _register_eval_and_bench() -> None:

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .memories.base import HierarchicalMemory
+from .memories.management import check_listing
 from .stores import is_postgres_url
 from .stores.base import Store
 from .stores.namespace import (
@@ -74,7 +75,7 @@ from .stores.namespace import (
     normalize_namespace,
 )
 from .stores.resident import EvictedStore
-from .types import AddReport, Hit, InvalidInputError, MessageLike, PersistenceError
+from .types import AddReport, Hit, InvalidInputError, Message, MessageLike, PersistenceError
 
 if TYPE_CHECKING:
     from .stores.postgres import PostgresDatabase
@@ -583,14 +584,23 @@ class MemoryStore:
         return len(self.list_namespaces())
 
     # ------------------------------------------------------------------ per-namespace operations
-    def add(self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike]) -> AddReport:
-        """Add messages to the memory of ``ns`` (created on first use). See ``HierarchicalMemory.add``."""
-        report: AddReport = self._call(ns, lambda mem: mem.add(items), create=True)
+    def add(
+        self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike], *, upsert: bool = False
+    ) -> AddReport:
+        """Add messages to the memory of ``ns`` (created on first use); ``upsert=True`` replaces the
+        stored message of an id the namespace holds. See ``HierarchicalMemory.add``.
+
+        Raises:
+            DuplicateIdError: an id the namespace already holds (without ``upsert``), or twice in ``items``.
+        """
+        report: AddReport = self._call(ns, lambda mem: mem.add(items, upsert=upsert), create=True)
         return report
 
-    async def aadd(self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike]) -> AddReport:
+    async def aadd(
+        self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike], *, upsert: bool = False
+    ) -> AddReport:
         """Async :meth:`add` (in a worker thread)."""
-        return await asyncio.to_thread(self.add, ns, items)
+        return await asyncio.to_thread(partial(self.add, ns, items, upsert=upsert))
 
     def retrieve(
         self, ns: NamespaceLike, query: str, k: int | None = None, policy: str | None = None, **kw: Any
@@ -605,6 +615,19 @@ class MemoryStore:
     ) -> list[Hit]:
         """Async :meth:`retrieve` (in a worker thread)."""
         return await asyncio.to_thread(self.retrieve, ns, query, k, policy, **kw)
+
+    def get_all(
+        self, ns: NamespaceLike, where: Any = None, limit: int | None = None, offset: int = 0
+    ) -> list[Message]:
+        """The messages of ``ns`` in insertion order; ``[]`` for a namespace that does not exist (a read
+        never creates one). See ``HierarchicalMemory.get_all``.
+
+        Raises:
+            InvalidInputError: a bad namespace, ``where``, ``limit`` or ``offset``.
+        """
+        check_listing(where, limit, offset)  # also for a namespace that does not exist
+        found = self._call(ns, lambda mem: mem.get_all(where, limit, offset), create=False)
+        return [] if found is _MISSING else found
 
     def delete(self, ns: NamespaceLike, key: int | str) -> int:
         """Forget a message or subtree of the memory of ``ns`` (see ``HierarchicalMemory.delete``).

@@ -16,6 +16,7 @@ __all__ = [
     "AddReport",
     "CommitUnknownError",
     "Completion",
+    "DuplicateIdError",
     "EmbeddingError",
     "HierMemError",
     "Hit",
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_ROLE_CHARS",
     "MAX_SPEAKER_CHARS",
     "MAX_TIMESTAMP_CHARS",
+    "MemoryClosedError",
     "Message",
     "MessageLike",
     "ModelError",
@@ -70,6 +72,23 @@ class NodeNotFoundError(HierMemError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+class DuplicateIdError(InvalidInputError):
+    """An ``add`` gave a source id (``Message.id``) the memory already holds, or the same id twice in one
+    call; nothing was added. ``add(..., upsert=True)`` replaces the stored message instead.
+
+    Attributes:
+        ids: the offending ids, in the order of the call.
+    """
+
+    def __init__(self, message: str, *, ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.ids = ids
+
+
+class MemoryClosedError(HierMemError, RuntimeError):
+    """The memory was closed (``close()`` or the end of its ``with`` block); open it again to use it."""
 
 
 class PersistenceError(HierMemError, OSError):

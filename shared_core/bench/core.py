@@ -173,13 +173,13 @@ def bench_memory(
             start = max(n, S - window)
             while n < start:
                 step = min(chunk, start - n)
-                w, c = _timed(lambda a=n, b=n + step: mem.add(texts[a:b]))
+                w, c = _timed(lambda a=n, b=n + step: mem.add(texts[a:b], allow_duplicate_ids=True))
                 build_w += w
                 build_c += c
                 n += step
             ins_w, ins_c = [], []
             while n < S:
-                w, c = _timed(lambda i=n: mem.add(texts[i]))
+                w, c = _timed(lambda i=n: mem.add(texts[i], allow_duplicate_ids=True))
                 ins_w.append(w)
                 ins_c.append(c)
                 n += 1
@@ -268,7 +268,7 @@ def memory_profile(kind: str, sizes: Sequence[int], *, seed: int = 0, chunk: int
         for S in sizes:
             while n < S:
                 step = min(chunk, S - n)
-                mem.add(texts[n : n + step])
+                mem.add(texts[n : n + step], allow_duplicate_ids=True)
                 n += step
             cur, peak = tracemalloc.get_traced_memory()
             out["sizes"].append(
@@ -322,7 +322,7 @@ def throughput(kinds: Sequence[str], turns: int = 300) -> dict[str, Any]:
     from itertools import groupby
 
     from ..eval.baselines import FlatDense
-    from ..eval.data import load_realmem_excerpt
+    from ..eval.data import add_turns, load_realmem_excerpt
     from ..models.local import LocalEmbedder
 
     msgs = load_realmem_excerpt().messages[: int(turns)]
@@ -337,7 +337,7 @@ def throughput(kinds: Sequence[str], turns: int = 300) -> dict[str, Any]:
         obj = make()
         w0, c0 = time.perf_counter(), time.process_time()
         for s in sessions:
-            obj.add(s)
+            add_turns(obj, s)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         u = obj.usage
         res[name] = {

@@ -316,7 +316,7 @@ def measure_memory(
             turns = conv.messages[: messages or len(conv.messages)]
             for m in turns:
                 before = len(server.served)
-                rep = mem.add(m)
+                rep = mem.add(m, allow_duplicate_ids=True)
                 rows = [r for r in server.served[before:] if r["endpoint"] == "chat"]
                 build.add_rows(rows)
                 per_message.append(len(rows))

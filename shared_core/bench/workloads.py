@@ -25,6 +25,7 @@ import queue
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -283,13 +284,13 @@ def conversation_run(
             c0 = time.process_time()
             while n < S - window:
                 step = min(GROWTH_CHUNK, S - window - n)
-                mem.add(texts[n : n + step])
+                mem.add(texts[n : n + step], allow_duplicate_ids=True)
                 n += step
                 say(label, n, total)
             ins: list[float] = []
             while n < S:  # the last messages one add each, back to back: the insert overhead
                 c1 = time.process_time()
-                mem.add(texts[n])
+                mem.add(texts[n], allow_duplicate_ids=True)
                 ins.append((time.process_time() - c1) * 1e3)
                 n += 1
             say(label, n, total)
@@ -303,7 +304,7 @@ def conversation_run(
                 qs.append(_query(rng, table, texts, n + 1, f"{S}:{i}"))
                 before = len(mem)
                 c0 = time.process_time()
-                mem.add(texts[n])
+                mem.add(texts[n], allow_duplicate_ids=True)
                 c1 = time.process_time()
                 hits += len(mem.retrieve(qs[-1], k=K))
                 c2 = time.process_time()
@@ -476,12 +477,18 @@ def ingest_workload(
             for kind in kinds:
                 cls = classes[kind]
                 default = str(cls.default_annotation_vectors)
-                cls(embedder=emb).add(msgs[:3])  # untimed warm-up of the code paths and lazy imports
+                cls(embedder=emb).add(
+                    msgs[:3], allow_duplicate_ids=True
+                )  # untimed warm-up of the code paths and lazy imports
                 for mode in dict.fromkeys(default if m == "default" else m for m in modes):
                     label = f"ingest {name}: {kind} ({mode})"
                     base = _cpu_each(emb.embed, texts, lambda i, lb=label, n=n: say(lb, i, 2 * n))
                     mem = cls(embedder=emb) if mode == default else cls(embedder=emb, annotation_vectors=mode)
-                    cpu = _cpu_each(mem.add, msgs, lambda i, lb=label, n=n: say(lb, n + i, 2 * n))
+                    cpu = _cpu_each(
+                        partial(mem.add, allow_duplicate_ids=True),
+                        msgs,
+                        lambda i, lb=label, n=n: say(lb, n + i, 2 * n),
+                    )
                     u = mem.usage
                     ds["results"].setdefault(kind, {})[mode] = {
                         "default": mode == default,

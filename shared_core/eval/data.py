@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..memories.base import HierarchicalMemory
 from ..types import InvalidInputError, Message
 
 __all__ = [
@@ -465,3 +466,14 @@ def load_jsonl(path: str | Path) -> Conversation:
             else:
                 raise InvalidInputError(f"{p}:{lineno}: a line needs a 'text' (message) or a 'question'.")
     return Conversation(id=p.stem, messages=messages, queries=queries, meta={"source": "jsonl"})
+
+
+def add_turns(obj: Any, messages: list[Message]) -> Any:
+    """Add a conversation's turns to a memory or a flat baseline (anything with ``add(list[Message])``).
+
+    The turns of one session share their session id in RealMem and LongMemEval (evidence is counted per
+    session), so a memory keeps several messages under one id (``allow_duplicate_ids=True``).
+    """
+    if isinstance(obj, HierarchicalMemory):
+        return obj.add(messages, allow_duplicate_ids=True)
+    return obj.add(messages)

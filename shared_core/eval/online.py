@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..types import InvalidInputError
-from .data import Conversation
+from .data import Conversation, add_turns
 from .metrics import (
     answer_token_recall,
     contained_recall,
@@ -178,7 +178,7 @@ def _run(
             )
         if q.position > done:
             t0 = time.perf_counter()
-            obj.add(conv.messages[done : q.position])
+            add_turns(obj, conv.messages[done : q.position])
             res.ingest_seconds += time.perf_counter() - t0
             res.messages += q.position - done
             done = q.position

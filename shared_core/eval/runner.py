@@ -42,7 +42,7 @@ from ..search.relevance import check_weight
 from ..types import InvalidInputError, Usage, parse_timestamp
 from .aggregate import LLM_METRICS, QUERY_METRICS, aggregate_results
 from .compare import COMPARED_METRICS, _build_facts, _nan_to_none, compare_methods
-from .data import Conversation
+from .data import Conversation, add_turns
 from .inputs import Dataset, load_datasets
 from .methods import (
     BASELINES,
@@ -371,7 +371,7 @@ def evaluate_conversation(
             chunk = conv.messages[a:b]
             for key, obj in builds.items():
                 w0, c0 = time.perf_counter(), time.process_time()
-                obj.add(chunk)
+                add_turns(obj, chunk)
                 c = cost[key]
                 c["wall_seconds"] += time.perf_counter() - w0
                 c["cpu_seconds"] += time.process_time() - c0

@@ -43,9 +43,10 @@ from ..types import (
     UnknownPolicyError,
     Usage,
     as_messages,
-    check_message_fields,
 )
+from .checks import check_message, check_unicode
 from .forgetting import Forgetting
+from .management import Management
 from .reading import Reading
 from .store_binding import StoreBinding
 
@@ -67,7 +68,7 @@ ANNOTATION_VECTORS = ("composed", "embedded")
 M = TypeVar("M", bound="HierarchicalMemory")
 
 
-class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading, abc.ABC):
+class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Management, Reading, abc.ABC):
     """Base class of the hierarchical memories.
 
     Args:
@@ -274,11 +275,21 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
         self._store.set_text(nid, text)
 
     # ------------------------------------------------------------------ public: writing
-    def add(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
+    def add(
+        self,
+        items: MessageLike | Iterable[MessageLike],
+        *,
+        upsert: bool = False,
+        allow_duplicate_ids: bool = False,
+    ) -> AddReport:
         """Add messages in order.
 
         Args:
             items: a string, a :class:`Message`, or an iterable of them (inserted in order).
+            upsert: replace the stored message of an id the memory already holds (deleted and the new
+                one added, at the end, in the same transaction), default ``False``: refuse it.
+            allow_duplicate_ids: keep several messages under one id (a caller that stores one record as
+                several messages, as the LangGraph store does), default ``False``; not with ``upsert``.
 
         Returns:
             :class:`AddReport` with the new leaf ids, per-message details and the model usage of this
@@ -288,12 +299,18 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
             InvalidInputError: ``None``, empty or whitespace-only text, a non-string item (bytes too), a
                 text longer than :attr:`max_message_chars`, a field or metadata over its limit or of
                 the wrong type (see the class), a lone surrogate, or metadata that is not JSON.
+            DuplicateIdError: an id twice in the call, or (without ``upsert``) one already stored.
+            MemoryClosedError: the memory was closed.
             EmbeddingError: the embedder returned the wrong shape, NaN, or a zero or overflowing vector.
             ModelError: a model failed after its retries or the embedder raised (its ``__cause__``).
             PersistenceError: the durable store could not commit the change.
 
         Any error leaves the memory exactly as it was before the call (all messages or none).
         """
+        if upsert and allow_duplicate_ids:
+            raise InvalidInputError(
+                "upsert=True replaces the message of an id; not with allow_duplicate_ids."
+            )
         messages = as_messages(items)
         for i, m in enumerate(messages):
             check_message(m, self.max_message_chars, i)
@@ -303,6 +320,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
         def insert() -> None:
             report.details.clear()  # a recomputed attempt starts over
             report.leaf_ids.clear()
+            if not allow_duplicate_ids:
+                self._make_room(messages, upsert, report.usage)
             if self.prefetch_messages and len(messages) > 1:
                 self._prefetch(messages, report.usage)
             for m in messages:
@@ -318,9 +337,9 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
             self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
 
-    async def aadd(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
+    async def aadd(self, items: MessageLike | Iterable[MessageLike], *, upsert: bool = False) -> AddReport:
         """Async :meth:`add`: runs in a worker thread so the event loop is never blocked."""
-        return await asyncio.to_thread(self.add, items)
+        return await asyncio.to_thread(self.add, items, upsert=upsert)
 
     def delete(self, key: int | str) -> int:
         """Forget a leaf (by node id or by the caller's source id) or a whole subtree (internal node id).
@@ -408,6 +427,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
         """Forget everything (configuration and models are kept); the summariser's cache is emptied too
         (its ``clear()``, else its ``forget(texts)`` with every text, when it has either)."""
         with self._lock:
+            self._check_open()
             if self._durable is not None:
                 seq = self._durable.seq + 1
                 try:
@@ -480,6 +500,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
             return
 
     def _begin(self, usage: Usage, exclusive: bool = False) -> None:
+        self._check_open()
         if self._durable is not None:  # a shared store catches up with the other processes first
             if exclusive:
                 self._durable.begin(self, exclusive=True)
@@ -634,7 +655,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
         """
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be a non-empty string.")
-        _check_unicode(query, "query")
+        check_unicode(query, "query")
         policy = policy or self.default_policy
         if policy not in self.policies:
             raise UnknownPolicyError(
@@ -700,40 +721,9 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Reading
             }
 
     def __repr__(self) -> str:
+        if self._closed:
+            return f"{type(self).__name__}(closed)"
         return f"{type(self).__name__}(leaves={len(self)}, nodes={len(self._store)})"
-
-
-def _check_unicode(text: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidInputError(
-            f"The {what} contains a lone surrogate code point ({text[e.start]!r}), which is not valid "
-            "Unicode text; decode the input with errors='replace' or remove that character."
-        ) from None
-
-
-def check_message(m: Message, max_chars: int, i: int = 0) -> None:
-    """Check that a message can be stored and saved.
-
-    Args:
-        m: the message.
-        max_chars: longest accepted text in characters.
-        i: its position in the call (for the error message).
-
-    Raises:
-        InvalidInputError: text longer than ``max_chars``; a stored field over its limit (naming the
-            field and the limit: :func:`~shared_core.types.check_message_fields`); a lone surrogate in
-            any field; metadata that is not JSON-serialisable.
-    """
-    if len(m.text) > max_chars:
-        raise InvalidInputError(
-            f"Item {i}: the message text has {len(m.text):,} characters; the limit is {max_chars:,} "
-            "(max_message_chars). Split long documents into smaller messages (e.g. paragraphs) before "
-            "adding them, or raise max_message_chars on the memory."
-        )
-    payload = check_message_fields(m, i)
-    _check_unicode(payload, f"message (item {i})")
 
 
 def _require_llm(mem: HierarchicalMemory, what: str) -> LLM:

@@ -45,6 +45,7 @@ class StoreBinding:
     if TYPE_CHECKING:
 
         def _set_state(self, state: dict[str, Any]) -> None: ...
+        def _check_open(self) -> None: ...
 
     def _mem(self) -> HierarchicalMemory:
         return cast("HierarchicalMemory", self)
@@ -114,7 +115,8 @@ class StoreBinding:
                 stored configuration (e.g. ``summarizer``); stored values must not be contradicted.
 
         Returns:
-            The memory, bound to the store (close it with :meth:`close_store`).
+            The memory, bound to the store (release it with :meth:`close`, or open it in a ``with``
+            statement).
 
         Raises:
             InvalidInputError: a new store opened through ``HierarchicalMemory`` itself, an argument
@@ -145,9 +147,11 @@ class StoreBinding:
 
         Raises:
             InvalidInputError: a store is already attached, or see :meth:`open`.
+            MemoryClosedError: the memory was closed.
             PersistenceError: see :meth:`open`; also both this memory and the store hold a memory.
         """
         with self._lock:
+            self._check_open()
             if self._durable is not None:
                 raise InvalidInputError(
                     f"A store is already attached ({self._durable.location}); call close_store() first."
@@ -189,6 +193,7 @@ class StoreBinding:
             self._sync_store()
 
     def _sync_store(self) -> None:
+        self._check_open()
         if self._durable is not None:
             self._durable.sync(self)
 

@@ -135,8 +135,9 @@ class _XMemoryConstruction(HierarchicalMemory):
         return st.root
 
     # ------------------------------------------------------------------ construction
-    def add(self, items: MessageLike | Iterable[MessageLike]) -> AddReport:
-        """Add messages in order (see :meth:`HierarchicalMemory.add`).
+    def add(self, items: MessageLike | Iterable[MessageLike], **kw: Any) -> AddReport:
+        """Add messages in order (see :meth:`HierarchicalMemory.add`, whose keyword arguments ``upsert``
+        and ``allow_duplicate_ids`` it takes).
 
         The texts of all given messages are embedded in one batched call before they are inserted one
         by one (online: each boundary decision only sees the messages before it).
@@ -156,7 +157,7 @@ class _XMemoryConstruction(HierarchicalMemory):
         messages = as_messages(items)
         self._prefetch = [m.render() for m in messages]
         try:
-            return super().add(messages)
+            return super().add(messages, **kw)
         finally:
             self._prefetch = None
 

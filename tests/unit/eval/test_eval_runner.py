@@ -297,9 +297,9 @@ def test_one_build_per_memory_and_online_visibility(monkeypatch):
         made.append(spec.build)
         orig = obj.add
 
-        def add(msgs):
+        def add(msgs, **kw):
             adds.setdefault(spec.build, []).append(len(msgs))
-            return orig(msgs)
+            return orig(msgs, **kw)
 
         obj.add = add
         return obj

@@ -651,9 +651,9 @@ def test_store_one_add_call_per_namespace_in_a_batch():
     adds: list[int] = []
     real_add = mem.add
 
-    def counting_add(items):
+    def counting_add(items, **kw):
         adds.append(len(items))
-        return real_add(items)
+        return real_add(items, **kw)
 
     mem.add = counting_add  # type: ignore[method-assign]
     s = HierMemStore(memory_factory=lambda: mem)

@@ -114,7 +114,7 @@ def test_a_crash_between_a_memory_add_and_the_item_commit_is_repaired_on_reopen(
         s.put(NS, "a", {"text": FACTS[0]})
         s.put(NS, "b", {"text": FACTS[1]})
         # a put whose add landed but whose item transaction never did (the process died in between)
-        s.get_memory(NS).add(Message("My dog is called Rex.", id="a"))
+        s.get_memory(NS).add(Message("My dog is called Rex.", id="a"), allow_duplicate_ids=True)
         # an update whose old text was never deleted (killed after the item commit)
         s._forget = lambda space, key, lids, warn=True: list(lids)  # type: ignore[method-assign]
         s.put(NS, "b", {"text": FACTS[2]})

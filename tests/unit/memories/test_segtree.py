@@ -1325,7 +1325,10 @@ def test_delete_unknown_ids():
 
 def test_delete_shared_source_id_removes_every_leaf():
     mem = SegTreeMem(embedder=TopicEmbedder(), relevance="dense")
-    mem.add([Message("topic1 a.", id="s"), Message("topic2 b.", id="t"), Message("topic1 c.", id="s")])
+    mem.add(
+        [Message("topic1 a.", id="s"), Message("topic2 b.", id="t"), Message("topic1 c.", id="s")],
+        allow_duplicate_ids=True,
+    )
     assert mem.delete("s") == 2
     assert [mem._store.nodes[i].text for i in mem._store.leaves()] == ["topic2 b."]
     check_invariants(mem, contiguous=False)
