@@ -255,6 +255,14 @@ def eval_command(
             cells.append("—" if o.get("llm_accuracy") is None else f"{o['llm_accuracy']:.3f}")
         table.add_row(*cells)
     _console.print(table)
+    lme_cols = ("turn_recall@5", "turn_recall@10", "session_recall_all@5", "session_recall_all@10", "ndcg@10")
+    if any(m["overall"].get("turn_recall@10") is not None for m in doc["methods"].values()):
+        lme = Table(title="LongMemEval (pooled; abstention questions apart, see results.md)")
+        for col in ("method", *lme_cols):
+            lme.add_column(col, justify="left" if col == "method" else "right")
+        for name, m in doc["methods"].items():
+            lme.add_row(name, *(_num(m["overall"].get(c)) for c in lme_cols))
+        _console.print(lme)
     mems = doc.get("comparison", {}).get("memories", {})
     if mems:
         share = Table(title=f"memory defaults against the flat baselines: evidence R@{k} (pooled)")

@@ -11,7 +11,10 @@ the *leaf* hits among the first ``c`` hits, ``c`` in :data:`CUTOFFS`:
 * ``turn_recall@c``: share of the question's ``has_answer`` turns among them;
 * ``session_recall_any@c`` / ``session_recall_all@c``: 1 when any / every evidence session
   (``answer_session_ids``) holds one of them, else 0 (the paper's recall_any / recall_all);
-* ``ndcg@10``: NDCG of the turns, binary relevance (``has_answer``), ranks over all returned hits.
+* ``ndcg@10``: NDCG of the turns, binary relevance (``has_answer``), ranks over all returned hits;
+* ``newest_first@10`` (knowledge-update questions with two or more evidence sessions, else undefined): 1
+  when the first leaf hit from an evidence session comes from the newest one (the updated statement), 0
+  when it comes from an older one, undefined when none is among the first 10 hits.
 
 Abstention questions (id ending ``_abs``: the answer is not in the history) are counted apart: their rows
 carry ``"abstention": true`` and category ``"abstention"``, and the pooled figures and intervals leave them
@@ -69,6 +72,7 @@ LME_METRICS = (
     "session_recall_all@5",
     "session_recall_all@10",
     "ndcg@10",
+    "newest_first@10",
 )
 """The per-question LongMemEval figures, averaged per method and per question type."""
 
@@ -185,6 +189,7 @@ def _question(item: Mapping[str, Any], qid: str) -> Conversation:
                 )
             )
     haystack = {str(s) for s in item["haystack_session_ids"]}
+    last_date = {str(item["haystack_session_ids"][i]): dates[i] for i in order}  # a repeat: its last date
     want = list(dict.fromkeys(str(s) for s in item["answer_session_ids"]))
     present = [s for s in want if s in haystack]
     missing = [s for s in want if s not in haystack]
@@ -203,6 +208,7 @@ def _question(item: Mapping[str, Any], qid: str) -> Conversation:
             "abstention": abstention,
             "evidence_turns": evidence_turns,
             "evidence_sessions": present,
+            "newest_evidence_session": max(present, key=lambda s: last_date[s]) if present else None,
             "missing_evidence_sessions": missing,
         },
     )
@@ -348,6 +354,12 @@ def question_metrics(q: Query, hits: Sequence[Any], k: int, canonical: Mapping[s
         dcg = sum(1.0 / math.log2(r + 1) for t, r in first.items() if t in turns)
         ideal = sum(1.0 / math.log2(r + 1) for r in range(1, min(len(turns), 10) + 1))
         out["ndcg@10"] = dcg / ideal
+    newest = q.meta.get("newest_evidence_session")
+    out["newest_first@10"] = None if k < 10 else math.nan
+    if k >= 10 and out["question_type"] == "knowledge-update" and len(sessions) >= 2:
+        first_s = next((s for r, t in ranked if r <= 10 and (s := t.rsplit(":", 1)[0]) in sessions), None)
+        if first_s is not None:
+            out["newest_first@10"] = float(first_s == newest)
     return out
 
 

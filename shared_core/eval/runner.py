@@ -400,7 +400,10 @@ def _score(ctx: _ScoreContext, q: Any, hits: list[Any], wall: float, cpu: float)
         ],
     }
     if judge is not None:
-        ja = judge(q.question, q.answer, texts)
+        if conv.meta.get("source") == "longmemeval" and callable(getattr(judge, "for_question", None)):
+            ja = judge.for_question(q.question, q.answer, texts, q.meta)
+        else:
+            ja = judge(q.question, q.answer, texts)
         row["answer"] = ja.answer
         row["llm_accuracy"] = ja.verdict
         row["rouge_l_recall"] = ja.rouge_l_recall
@@ -483,7 +486,9 @@ def run_eval(
         out: output directory, default ``None`` (nothing written).
         llm: an LLM answering and judging (any :class:`~shared_core.models.base.LLM`), default none.
         llm_name: how to name the LLM in the configuration (e.g. ``"openai:gpt-4o-mini"``).
-        judge: a ready :class:`~shared_core.eval.judge.AnswerJudge` (default: one built on ``llm``).
+        judge: a ready :class:`~shared_core.eval.judge.AnswerJudge` (default: one built on ``llm``; with
+            LongMemEval data a :class:`~shared_core.eval.longmemeval_judge.LongMemEvalJudge`, which answers
+            those questions as of their date and grades them with LongMemEval's rubric per type).
         llm_memories: give ``llm`` to the memories too (LLM summaries and LLM-only policies).
         embedder: the embedder of every method, default :class:`~shared_core.models.local.LocalEmbedder`.
         embed_cache: share embeddings between methods through :class:`CachingEmbedder`, default ``True``.
@@ -573,8 +578,9 @@ def run_eval(
         specs.append(parse_methods("session_docs")[0])
     if judge is None and llm is not None:
         from .judge import AnswerJudge
+        from .longmemeval_judge import LongMemEvalJudge
 
-        judge = AnswerJudge(llm)
+        judge = LongMemEvalJudge(llm) if lme else AnswerJudge(llm)
     if embedder is None:
         from ..models.local import LocalEmbedder
 

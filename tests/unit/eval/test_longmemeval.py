@@ -2,10 +2,13 @@
 selection, abstention questions counted apart, one bulk add per method, the sessions-as-documents
 baseline, the embedding cache shared by every method of a question, and the CLI."""
 
+# ruff: noqa: F811  (pytest fixtures are passed as parameters named like the imported fixture)
+
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from shared_core.eval import longmemeval_judge as J
 from shared_core.eval import runner as R
 from shared_core.eval.command import eval_command
 from shared_core.eval.longmemeval import (
@@ -29,6 +33,7 @@ from shared_core.search.lexical import LexicalIndex
 from shared_core.search.relevance import fuse
 from shared_core.types import Hit, InvalidInputError, Message
 from tests.support.eval import BowEmbedder, tiny_longmemeval, write_longmemeval
+from tests.support.openai_server import openai_server  # noqa: F401
 
 
 def _app() -> typer.Typer:
@@ -351,6 +356,7 @@ def test_cli_longmemeval_with_limit(tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
+    assert "LongMemEval (pooled; abstention questions apart" in " ".join(res.output.split())
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["limit"] == 2
     assert sorted(doc["data"]["lme"]["conversations"]) == ["q_multi", "q_user"]
@@ -366,3 +372,74 @@ def test_cli_bad_longmemeval_file_names_the_field_and_question(tmp_path):
     text = " ".join(res.output.split())
     assert "'q_user': missing field 'haystack_dates'" in text
 
+
+def test_newest_first_on_knowledge_update_questions(tmp_path):
+    items = tiny_longmemeval()
+    items[1]["question_type"] = "knowledge-update"  # answer_t_1 (1 May) is older than answer_t_2 (9 May)
+    conv = load_longmemeval(write_longmemeval(tmp_path / "ku.json", items))[1]
+    q, canon = conv.queries[0], conv.meta["canonical_turns"]
+    assert q.meta["newest_evidence_session"] == "answer_t_2"
+    older_first = [_hit(["filler_2:0"]), _hit(["answer_t_1:1"]), _hit(["answer_t_2:1"])]
+    newer_first = [_hit(["answer_t_2:2"]), _hit(["answer_t_1:0"])]
+    assert question_metrics(q, older_first, 10, canon)["newest_first@10"] == 0.0
+    assert question_metrics(q, newer_first, 10, canon)["newest_first@10"] == 1.0
+    assert math.isnan(question_metrics(q, [_hit(["filler_2:0"])], 10, canon)["newest_first@10"])
+    assert question_metrics(q, newer_first, 5, canon)["newest_first@10"] is None
+    other = load_longmemeval(write_longmemeval(tmp_path / "m.json"))[1]
+    m = question_metrics(other.queries[0], newer_first, 10, other.meta["canonical_turns"])
+    assert math.isnan(m["newest_first@10"])  # defined for knowledge-update questions only
+
+
+# --------------------------------------------------------------------------- reader and judge
+def test_longmemeval_judge_rubric_per_type_through_the_cli(tmp_path, openai_server):
+    def llm(request: dict) -> str:
+        system, user = request["messages"][0]["content"], request["messages"][-1]["content"]
+        if system == J.LME_JUDGE_SYSTEM:
+            return "no" if "Explanation:" in user else "Yes."
+        return "Rex, your dog."
+
+    openai_server.default_chat = llm
+    out = tmp_path / "o"
+    res = CliRunner().invoke(
+        _app(),
+        [
+            "eval",
+            "--longmemeval",
+            str(write_longmemeval(tmp_path / "lme.json")),
+            "--methods",
+            "bm25",
+            "--llm",
+            "openai:test-model",
+            "--base-url",
+            openai_server.base_url,
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    reqs = openai_server.chat_requests()
+    answers = [r for r in reqs if r["messages"][0]["content"] != J.LME_JUDGE_SYSTEM]
+    verdicts = [
+        r["messages"][-1]["content"] for r in reqs if r["messages"][0]["content"] == J.LME_JUDGE_SYSTEM
+    ]
+    # one answer and one verdict per question and method (bm25, and session_docs added on LongMemEval)
+    assert len(answers) == len(verdicts) == 3 * 2
+    # the reader knows the question's date; each judge prompt carries its type's rubric
+    assert any("(Current date: 2023-06-10 18:00.)" in r["messages"][-1]["content"] for r in answers)
+    by_q = {re.findall(r"<<<\n(.*?)\n>>>", v, re.S)[0]: v for v in verdicts}
+    assert J.rubric("multi-session")[1] in by_q["Which places did I book a flight and a train to?"]
+    abs_prompt = by_q["What is the name of my cat?"]
+    assert "Explanation:" in abs_prompt and J.rubric("single-session-user", True)[1] in abs_prompt
+    doc = json.loads((out / "results.json").read_text())
+    bm25 = doc["methods"]["bm25"]
+    assert bm25["overall"]["llm_accuracy"] == 1.0 and bm25["overall"]["judged"] == 2  # abstention apart
+    assert bm25["by_category"][ABSTENTION]["llm_accuracy"] == 0.0
+
+
+def test_rubrics_differ_by_type():
+    texts = {t: J.rubric(t)[1] for t in ("multi-session", "temporal-reasoning", "knowledge-update")}
+    assert "off-by-one" in texts["temporal-reasoning"] and "off-by-one" not in texts["multi-session"]
+    assert "updated answer" in texts["knowledge-update"]
+    assert J.rubric("single-session-preference")[0] == "Rubric"
+    assert J.rubric("knowledge-update", abstention=True)[0] == "Explanation"
