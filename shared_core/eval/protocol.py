@@ -114,28 +114,37 @@ def default_data_root() -> Path:
     return Path(env) if env else DEFAULT_DATA_ROOT
 
 
-def resolve_split(split: str, data_root: str | Path | None = None) -> dict[str, list[Path]]:
+def resolve_split(
+    split: str, data_root: str | Path | None = None, kinds: Sequence[str] | None = None
+) -> dict[str, list[Path]]:
     """The files of a named split under a data root.
 
     Args:
         split: ``"dev"`` or ``"validate"`` (:data:`SPLITS`).
         data_root: the directory holding ``locomo/``, ``realmem/`` and ``longmemeval/``, default
             :func:`default_data_root`.
+        kinds: only these input kinds (e.g. ``("locomo",)``), default every kind of the split.
 
     Returns:
-        ``{"locomo": [paths], "realmem": [paths], "longmemeval": [paths]}``, each path
-        ``data_root / relative path``.
+        ``{"locomo": [paths], "realmem": [paths], "longmemeval": [paths]}`` (the kinds asked for), each
+        path ``data_root / relative path``.
 
     Raises:
-        InvalidInputError: an unknown split name.
+        InvalidInputError: an unknown split name or kind.
         SplitDataMissingError: one or more of the split's files is not a file under ``data_root``
             (the message lists them and how to point at the data).
     """
     if split not in SPLITS:
         raise InvalidInputError(f"Unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
+    wanted = dict(SPLITS[split])
+    if kinds is not None:
+        unknown = [k for k in kinds if k not in wanted]
+        if unknown:
+            raise InvalidInputError(f"Unknown input kind(s) {unknown}; choose among {', '.join(wanted)}.")
+        wanted = {k: wanted[k] for k in kinds}
     root = Path(data_root) if data_root is not None else default_data_root()
-    out = {kind: [root / rel for rel in rels] for kind, rels in SPLITS[split].items()}
-    missing = [rel for rels in SPLITS[split].values() for rel in rels if not (root / rel).is_file()]
+    out = {kind: [root / rel for rel in rels] for kind, rels in wanted.items()}
+    missing = [rel for rels in wanted.values() for rel in rels if not (root / rel).is_file()]
     if missing:
         raise SplitDataMissingError(
             f"Split {split!r}: missing {', '.join(missing)} under the data root {root}; pass --data DIR "

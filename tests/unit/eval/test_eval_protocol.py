@@ -235,6 +235,10 @@ def test_resolve_split_root_env_and_missing_files(tmp_path, monkeypatch):
     (root / "longmemeval" / "longmemeval_s_validate.json").unlink()
     with pytest.raises(P.SplitDataMissingError, match="longmemeval/longmemeval_s_validate.json"):
         P.resolve_split("validate", root)
+    # the kinds asked for only: LoCoMo alone resolves without the others
+    assert P.resolve_split("validate", root, kinds=["locomo"]) == {"locomo": got["locomo"]}
+    with pytest.raises(InvalidInputError, match="Unknown input kind"):
+        P.resolve_split("validate", root, kinds=["locomo", "other"])
     with pytest.raises(InvalidInputError, match="dev, validate"):
         P.resolve_split("test", root)
 
