@@ -254,6 +254,7 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
                 "Bold: the best flat baseline(s) of the column (of "
                 + ", ".join(flats)
                 + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion"
+                + (" and sessions as documents" if any(f.startswith("session_docs") for f in flats) else "")
                 + (
                     f", fusion only at the dev-chosen weight {comp['fusion_weight']:g}"
                     if comp.get("fusion_weight") is not None

@@ -360,7 +360,8 @@ def test_cli_longmemeval_with_limit(tmp_path):
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["limit"] == 2
     assert sorted(doc["data"]["lme"]["conversations"]) == ["q_multi", "q_user"]
-    assert "LongMemEval retrieval" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "LongMemEval retrieval" in md and "RRF and fusion and sessions as documents)" in md
 
 
 def test_cli_bad_longmemeval_file_names_the_field_and_question(tmp_path):
