@@ -44,6 +44,7 @@ __all__ = [
     "LongMemEvalFormatError",
     "load_longmemeval",
     "longmemeval_lines",
+    "parse_longmemeval",
     "question_metrics",
     "select_questions",
 ]
@@ -290,18 +291,32 @@ def load_longmemeval(path: Any, limit: int | None = None) -> list[Conversation]:
     References:
         Wu et al. (ICLR 2025), LongMemEval, the released data format.
     """
-    data = _read_json(path)
+    return parse_longmemeval(_read_json(path), limit, source=str(path))
+
+
+def parse_longmemeval(data: Any, limit: int | None = None, *, source: str = "data") -> list[Conversation]:
+    """:func:`load_longmemeval` of data already read (a list of question objects, or one).
+
+    Args:
+        data: the parsed JSON. limit: as in :func:`load_longmemeval`. source: how errors name the data.
+
+    Returns:
+        The questions as conversations, in order.
+
+    Raises:
+        LongMemEvalFormatError: as in :func:`load_longmemeval`.
+    """
     if isinstance(data, Mapping):
         data = [data]
     if not isinstance(data, list):
         raise LongMemEvalFormatError(
-            f"{path}: expected a JSON list of LongMemEval questions.", "question_id", None
+            f"{source}: expected a JSON list of LongMemEval questions.", "question_id", None
         )
     ids = [_check(item, i) for i, item in enumerate(data)]
     dup = [q for q in dict.fromkeys(ids) if ids.count(q) > 1]
     if dup:
         raise LongMemEvalFormatError(
-            f"{path}: question id {dup[0]!r} occurs more than once.", "question_id", dup[0]
+            f"{source}: question id {dup[0]!r} occurs more than once.", "question_id", dup[0]
         )
     return select_questions([_question(item, qid) for item, qid in zip(data, ids)], limit)
 

@@ -14,6 +14,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from shared_core.eval import longmemeval_judge as J
@@ -24,6 +26,7 @@ from shared_core.eval.longmemeval import (
     REQUIRED_FIELDS,
     LongMemEvalFormatError,
     load_longmemeval,
+    parse_longmemeval,
     question_metrics,
     select_questions,
 )
@@ -165,6 +168,9 @@ def test_evidence_outside_the_haystack_is_counted_and_reported(tmp_path):
 
 
 # --------------------------------------------------------------------------- metrics
+_Q_MULTI = parse_longmemeval(tiny_longmemeval())[1]
+
+
 def _hit(ids: list[str], leaf: bool = True) -> Hit:
     return Hit(node_id=0, text="x", score=0.0, depth=1, is_leaf=leaf, span=(0, 0), source_ids=ids)
 
@@ -444,3 +450,31 @@ def test_rubrics_differ_by_type():
     assert "updated answer" in texts["knowledge-update"]
     assert J.rubric("single-session-preference")[0] == "Rubric"
     assert J.rubric("knowledge-update", abstention=True)[0] == "Explanation"
+
+
+_IDS = [f"{s}:{j}" for s, n in (("answer_t_1", 2), ("filler_2", 4), ("answer_t_2", 3)) for j in range(n)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(st.sampled_from(_IDS), min_size=1, max_size=3), st.booleans()), max_size=12),
+    st.integers(1, 12),
+)
+def test_metric_invariants(hits, k):
+    conv = _Q_MULTI
+    q, canon = conv.queries[0], conv.meta["canonical_turns"]
+    m = question_metrics(q, [_hit(ids, leaf) for ids, leaf in hits], k, canon)
+    for c in (5, 10):
+        if c > k:
+            assert m[f"turn_recall@{c}"] is None and m[f"session_recall_all@{c}"] is None
+            continue
+        assert 0.0 <= m[f"session_recall_all@{c}"] <= m[f"session_recall_any@{c}"] <= 1.0
+        assert 0.0 <= m[f"turn_recall@{c}"] <= 1.0
+        # every evidence turn found puts its session among the found ones
+        if m[f"turn_recall@{c}"] == 1.0:
+            assert m[f"session_recall_all@{c}"] == 1.0
+    if k >= 10:
+        assert m["turn_recall@5"] <= m["turn_recall@10"]
+        assert m["session_recall_all@5"] <= m["session_recall_all@10"]
+        assert 0.0 <= m["ndcg@10"] <= 1.0 + 1e-12
+        assert (m["ndcg@10"] == 0.0) == (m["turn_recall@10"] == 0.0)
