@@ -9,10 +9,11 @@ With an LLM, an :class:`~shared_core.eval.judge.AnswerJudge` writes an answer fr
 it. Results are written per conversation (so a run can resume) and aggregated into one JSON document,
 a Markdown table and a PNG chart (:mod:`shared_core.eval.report`).
 
-This module holds the online loop (the shared :class:`CachingEmbedder`, :func:`evaluate_conversation`)
-and the run (:func:`run_eval`). The inputs (:class:`Dataset`, :func:`load_datasets`) live in
-:mod:`shared_core.eval.inputs`, the aggregation (:func:`aggregate_results`) in
-:mod:`shared_core.eval.aggregate`; method specs (``--methods``: :class:`MethodSpec`,
+This module holds the online loop (:func:`evaluate_conversation`) and the run (:func:`run_eval`). The
+embedding cache shared by every method of a conversation (:class:`CachingEmbedder`) lives in
+:mod:`shared_core.eval.embed_cache`, LongMemEval's loader and metrics in :mod:`shared_core.eval.longmemeval`,
+the inputs (:class:`Dataset`, :func:`load_datasets`) in :mod:`shared_core.eval.inputs`, the aggregation
+(:func:`aggregate_results`) in :mod:`shared_core.eval.aggregate`; method specs (``--methods``: :class:`MethodSpec`,
 :func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
 :func:`with_references`) in :mod:`shared_core.eval.methods`; the comparison of the memories with the
 flat baselines (:func:`compare_methods`: margin over the best counted flat baseline, tree share =
