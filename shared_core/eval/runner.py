@@ -13,8 +13,8 @@ This module holds the online loop (:func:`evaluate_conversation`) and the run (:
 embedding cache shared by every method of a conversation (:class:`CachingEmbedder`) lives in
 :mod:`shared_core.eval.embed_cache`, LongMemEval's loader and metrics in :mod:`shared_core.eval.longmemeval`,
 the inputs (:class:`Dataset`, :func:`load_datasets`) in :mod:`shared_core.eval.inputs`, the aggregation
-(:func:`aggregate_results`) in :mod:`shared_core.eval.aggregate`; method specs (``--methods``: :class:`MethodSpec`,
-:func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
+(:func:`aggregate_results`) in :mod:`shared_core.eval.aggregate`; method specs (``--methods``:
+:class:`MethodSpec`, :func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
 :func:`with_references`) in :mod:`shared_core.eval.methods`; the comparison of the memories with the
 flat baselines (:func:`compare_methods`: margin over the best counted flat baseline, tree share =
 the tree policy (e.g. ``top_down``) minus ``collapsed``, corpus share = ``collapsed`` minus the flat
