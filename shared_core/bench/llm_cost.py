@@ -202,7 +202,7 @@ def default_conversations(data: str | Path | None = None) -> tuple[list[Conversa
     """The LoCoMo dev conversations (``data``, else ``$HIERMEM_DATA``, else ``../shared/data``), or the
     bundled RealMem excerpt when they are absent. Returns ``(conversations, description)``."""
     try:
-        files = resolve_split("dev", data)["locomo"]
+        files = resolve_split("dev", data, kinds=("locomo",))["locomo"]
     except SplitDataMissingError:
         return [load_realmem_excerpt()], "the bundled RealMem excerpt (LoCoMo dev not found)"
     convs = [c for f in files for c in load_locomo(f)]

@@ -11,8 +11,10 @@ from .data import (
     normalize_evidence_id,
     render_message,
 )
+from .longmemeval import LongMemEvalFormatError, load_longmemeval
 from .metrics import answer_token_recall, content_words, count_tokens, evidence_recall, mean_by, span_recall
 from .online import METRICS, EvalResult, MethodResult, QueryResult, evaluate_online
+from .session_docs import FlatSessionDocs
 
 __all__ = [
     "METRICS",
@@ -22,6 +24,8 @@ __all__ = [
     "FlatDense",
     "FlatFusion",
     "FlatHybridRRF",
+    "FlatSessionDocs",
+    "LongMemEvalFormatError",
     "MethodResult",
     "Query",
     "QueryResult",
@@ -32,6 +36,7 @@ __all__ = [
     "evidence_recall",
     "load_jsonl",
     "load_locomo",
+    "load_longmemeval",
     "load_realmem",
     "load_realmem_excerpt",
     "mean_by",

@@ -11,9 +11,10 @@ import numpy as np
 
 from ..types import Usage
 from .compare import _nan_to_none
+from .longmemeval import LME_METRICS
 from .methods import MethodSpec
 
-__all__ = ["LLM_METRICS", "QUERY_METRICS", "aggregate_results"]
+__all__ = ["LLM_METRICS", "QUERY_METRICS", "aggregate_results", "pooled"]
 
 QUERY_METRICS = (
     "evidence_recall",
@@ -34,6 +35,12 @@ LLM_METRICS = ("llm_accuracy", "rouge_l_recall")
 def _mean(vals: Iterable[Any]) -> float | None:
     xs = [float(v) for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return float(np.mean(xs)) if xs else None
+
+
+def pooled(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows that pooled figures and intervals count: all but abstention questions' (LongMemEval,
+    ``"abstention": true``), which are reported apart, under their own category."""
+    return [r for r in rows if not r.get("abstention")]
 
 
 def _summary(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
@@ -100,10 +107,15 @@ def aggregate_results(
     Returns:
         ``{name: {"build", "kind", "policy", "overall", "by_category", "by_dataset": {label: {"overall",
         "by_category", "construction"}}, "construction"}}``; ``overall`` holds the mean of each metric
-        (``None`` when undefined), ``n_queries``, ``latency_ms_median`` and ``latency_ms_p95``;
-        ``construction`` the build's cost per message (shared by the policies of one build).
+        (``None`` when undefined), ``n_queries``, ``latency_ms_median`` and ``latency_ms_p95``, over the
+        :func:`pooled` rows (abstention questions only under their category);
+        ``construction`` the build's cost per message (shared by the policies of one build). The
+        LongMemEval metrics (:data:`~shared_core.eval.longmemeval.LME_METRICS`) are averaged when rows
+        hold them.
     """
     metrics = list(QUERY_METRICS) + (list(LLM_METRICS) if with_llm else [])
+    every = [r for c in conv_results for m in c["methods"].values() for r in m.get("queries", [])]
+    metrics += [m for m in LME_METRICS if any(m in r for r in every)]
     out: dict[str, Any] = {}
     for s in specs:
         rows = [r for c in conv_results for r in c["methods"].get(s.name, {}).get("queries", [])]
@@ -115,13 +127,13 @@ def aggregate_results(
                 c["builds"][s.build] for c in conv_results if c["dataset"] == label and s.build in c["builds"]
             ]
             by_ds[label] = {
-                "overall": _summary(ds_rows, metrics),
+                "overall": _summary(pooled(ds_rows), metrics),
                 "by_category": _by_category(ds_rows, metrics),
                 "construction": _construction(ds_parts),
             }
         out[s.name] = {
             **s.to_dict(),
-            "overall": _summary(rows, metrics),
+            "overall": _summary(pooled(rows), metrics),
             "by_category": _by_category(rows, metrics),
             "by_dataset": by_ds,
             "construction": _construction(parts),

@@ -92,18 +92,32 @@ def eval_command(
     split: str | None = typer.Option(
         None,
         "--split",
-        help="A named split under --data: dev (LoCoMo conv-26, conv-30; RealMem Kenta_Tanaka) or validate "
-        "(LoCoMo conv-49, conv-50; RealMem Pak_Budi, Oliver_Smith). Choose on dev, confirm on validate.",
+        help="A named split under --data: dev (LoCoMo conv-26, conv-30; RealMem Kenta_Tanaka; LongMemEval_S "
+        "dev) or validate (LoCoMo conv-49, conv-50; RealMem Pak_Budi, Oliver_Smith; LongMemEval_S validate). "
+        "Choose on dev, confirm on validate.",
     ),
     data: Path | None = typer.Option(
         None,
         "--data",
-        help="Data root holding locomo/ and realmem/ for --split (default: $HIERMEM_DATA, else "
+        help="Data root holding locomo/, realmem/ and longmemeval/ for --split (default: $HIERMEM_DATA, else "
         "../shared/data from the current directory).",
     ),
     locomo: list[Path] = typer.Option([], "--locomo", help="LoCoMo JSON file (repeat for several)."),
     realmem: list[Path] = typer.Option([], "--realmem", help="RealMem persona JSON file (repeatable)."),
     jsonl: list[Path] = typer.Option([], "--jsonl", help="JSON Lines conversation (repeatable)."),
+    longmemeval: list[Path] = typer.Option(
+        [],
+        "--longmemeval",
+        help="LongMemEval file (longmemeval_s format; repeatable): each question's haystack in one add per "
+        "method, then the question; turn recall, session recall_any/all at 5 and 10, NDCG@10 per type.",
+    ),
+    limit: int | None = typer.Option(
+        None,
+        "--limit",
+        min=1,
+        help="Evaluate only N questions of each LongMemEval file, spread over the question types (quick "
+        "runs; pick questions by id with --conversations).",
+    ),
     realmem_excerpt: bool = typer.Option(
         False, "--realmem-excerpt", help="Also evaluate the RealMem excerpt bundled with the package."
     ),
@@ -173,7 +187,7 @@ def eval_command(
         "leaves as '[8 May 2023] speaker: text', the form of xMemory's facts).",
     ),
 ) -> None:
-    """Evaluate memories and flat baselines online on LoCoMo / RealMem / JSONL conversations.
+    """Evaluate memories and flat baselines online on LoCoMo / RealMem / LongMemEval / JSONL conversations.
 
     One memory per conversation and method, messages added in arrival order, every policy of a memory
     asked each query at its position. Writes results.json (full configuration, per-method and
@@ -216,6 +230,8 @@ def eval_command(
             data_root=data,
             fusion_weight=fusion_weight,
             render=render,
+            longmemeval=longmemeval,
+            limit=limit,
         )
     except HierMemError as e:
         raise _fail(e) from None
@@ -239,6 +255,14 @@ def eval_command(
             cells.append("—" if o.get("llm_accuracy") is None else f"{o['llm_accuracy']:.3f}")
         table.add_row(*cells)
     _console.print(table)
+    lme_cols = ("turn_recall@5", "turn_recall@10", "session_recall_all@5", "session_recall_all@10", "ndcg@10")
+    if any(m["overall"].get("turn_recall@10") is not None for m in doc["methods"].values()):
+        lme = Table(title="LongMemEval (pooled; abstention questions apart, see results.md)")
+        for col in ("method", *lme_cols):
+            lme.add_column(col, justify="left" if col == "method" else "right")
+        for name, m in doc["methods"].items():
+            lme.add_row(name, *(_num(m["overall"].get(c)) for c in lme_cols))
+        _console.print(lme)
     mems = doc.get("comparison", {}).get("memories", {})
     if mems:
         share = Table(title=f"memory defaults against the flat baselines: evidence R@{k} (pooled)")

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..types import InvalidInputError
 from .data import Conversation, load_jsonl, load_locomo, load_realmem, load_realmem_excerpt
+from .longmemeval import load_longmemeval
 
 __all__ = ["Dataset", "load_datasets"]
 
@@ -21,7 +22,7 @@ class Dataset:
 
     Attributes:
         label: a short unique name (the file's stem, or ``"realmem_excerpt"``).
-        source: ``"locomo"``, ``"realmem"`` or ``"jsonl"``.
+        source: ``"locomo"``, ``"realmem"``, ``"jsonl"`` or ``"longmemeval"`` (one conversation per question).
         file: the input's file name (no directory), or ``"bundled:<name>"``.
         sha256: the first 16 hex digits of the file's SHA-256.
         conversations: the loaded conversations.
@@ -54,12 +55,17 @@ def load_datasets(
     realmem_excerpt: bool = False,
     categories: Iterable[int] | None = (1, 2, 3, 4),
     conversations: Iterable[str] | None = None,
+    longmemeval: Sequence[str | Path] = (),
+    limit: int | None = None,
 ) -> list[Dataset]:
     """Load every input with its loader, keeping only the named conversations.
 
     Args:
         locomo: LoCoMo JSON files. realmem: RealMem persona files. jsonl: JSON Lines conversations.
         realmem_excerpt: also evaluate the RealMem excerpt bundled with the package.
+        longmemeval: LongMemEval files (each question a conversation whose id is its ``question_id``).
+        limit: at most this many questions of each LongMemEval file, spread over the question types
+            (:func:`~shared_core.eval.longmemeval.select_questions`), default all.
         categories: LoCoMo QA categories to keep, default 1-4 (``None`` = all).
         conversations: conversation ids to keep (``None`` = all); every id must exist somewhere.
 
@@ -69,10 +75,10 @@ def load_datasets(
     Raises:
         InvalidInputError: no input, an unreadable file, or a conversation id found in no input.
     """
-    if not (locomo or realmem or jsonl or realmem_excerpt):
+    if not (locomo or realmem or jsonl or realmem_excerpt or longmemeval):
         raise InvalidInputError(
-            "No data to evaluate; pass --split dev (or validate), --locomo PATH, --realmem PATH or --jsonl "
-            "PATH (any number), "
+            "No data to evaluate; pass --split dev (or validate), --locomo PATH, --realmem PATH, --jsonl "
+            "PATH or --longmemeval PATH (any number), "
             "or --realmem-excerpt for the bundled sample."
         )
     out: list[Dataset] = []
@@ -85,7 +91,12 @@ def load_datasets(
         labels.add(lab)
         return lab
 
-    for kind, paths in (("locomo", locomo), ("realmem", realmem), ("jsonl", jsonl)):
+    for kind, paths in (
+        ("locomo", locomo),
+        ("realmem", realmem),
+        ("jsonl", jsonl),
+        ("longmemeval", longmemeval),
+    ):
         for p in paths:
             path = Path(p)
             if not path.is_file():
@@ -94,6 +105,8 @@ def load_datasets(
                 convs = load_locomo(path, categories)
             elif kind == "realmem":
                 convs = [load_realmem(path)]
+            elif kind == "longmemeval":
+                convs = load_longmemeval(path, limit)
             else:
                 convs = [load_jsonl(path)]
             out.append(Dataset(label_for(path.stem), kind, path.name, _sha(path), convs))

@@ -184,17 +184,38 @@ class AnswerJudge:
             reference=str(reference).strip() or "(none)",
             prediction=prediction.strip() or "(empty)",
         )
+        return self._verdict(prompt, P.JUDGE_SYSTEM, P.JUDGE_LABELS, P.JUDGE_LABELS[1])
+
+    def _verdict(
+        self, prompt: str, system: str, labels: Sequence[str], correct: str
+    ) -> tuple[int | None, Usage, list[str]]:
+        """The judge's label among ``labels`` as 1 (``correct``) or 0, ``None`` when unparseable after
+        :attr:`retries` corrective retries; with the usage and the raw answers."""
         res = complete_parsed(
             self.judge,
             prompt,
-            lambda t: parse_label(t, P.JUDGE_LABELS),
-            system=P.JUDGE_SYSTEM,
+            lambda t: parse_label(t, labels),
+            system=system,
             max_tokens=4,
             retries=self.retries,
             fallback=None,
         )
-        verdict = None if res.value is None else int(res.value)
+        verdict = None if res.value is None else int(res.value == correct)
         return verdict, res.usage, res.raw
+
+    @staticmethod
+    def _judged(
+        reference: str, answer: str, usage: Usage, graded: tuple[int | None, Usage, list[str]]
+    ) -> JudgedAnswer:
+        """A :class:`JudgedAnswer` of an answer (and its usage) and its grading."""
+        verdict, u2, raw = graded
+        return JudgedAnswer(
+            answer=answer,
+            verdict=verdict,
+            rouge_l_recall=rouge_l_recall(reference, answer),
+            judge_raw=raw,
+            usage=usage + u2,
+        )
 
     def __call__(self, question: str, reference: str, texts: Sequence[str]) -> JudgedAnswer:
         """Answer from ``texts``, then grade the answer.
@@ -211,11 +232,4 @@ class AnswerJudge:
             ModelError: the provider failed.
         """
         ans, u1 = self.answer(question, texts)
-        verdict, u2, raw = self.grade(question, reference, ans)
-        return JudgedAnswer(
-            answer=ans,
-            verdict=verdict,
-            rouge_l_recall=rouge_l_recall(reference, ans),
-            judge_raw=raw,
-            usage=u1 + u2,
-        )
+        return self._judged(reference, ans, u1, self.grade(question, reference, ans))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..types import InvalidInputError
+from .longmemeval import LME_METRICS
 
 __all__ = [
     "BOOTSTRAP_LEVEL",
@@ -47,6 +48,7 @@ SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
     "dev": {
         "locomo": ("locomo/locomo_dev.json",),
         "realmem": ("realmem/Kenta_Tanaka_dialogues_256k.json",),
+        "longmemeval": ("longmemeval/longmemeval_s_dev.json",),
     },
     "validate": {
         "locomo": ("locomo/locomo_validate.json",),
@@ -54,11 +56,12 @@ SPLITS: dict[str, dict[str, tuple[str, ...]]] = {
             "realmem/Pak_Budi_dialogues_256k.json",
             "realmem/Oliver_Smith_dialogues_256k.json",
         ),
+        "longmemeval": ("longmemeval/longmemeval_s_validate.json",),
     },
 }
 """The named splits: per input kind, file paths relative to the data root. ``dev``: LoCoMo conv-26 and
-conv-30, RealMem Kenta_Tanaka; ``validate``: LoCoMo conv-49 and conv-50, RealMem Pak_Budi and
-Oliver_Smith."""
+conv-30, RealMem Kenta_Tanaka, LongMemEval_S dev (74 questions); ``validate``: LoCoMo conv-49 and conv-50,
+RealMem Pak_Budi and Oliver_Smith, LongMemEval_S validate (74 questions)."""
 
 DEV_FUSION_WEIGHT = 0.4
 """The flat ``fusion`` weight chosen on dev (the dense weight ``w`` of
@@ -93,8 +96,11 @@ QUERY_ROW_FIELDS = (
     "n_hits",
     "llm_accuracy",
     "rouge_l_recall",
+    *LME_METRICS,
+    "abstention",
 )
-"""Per-query figures copied into each JSON line (those a row holds)."""
+"""Per-query figures copied into each JSON line (those a row holds; the LongMemEval ones, as
+:data:`~shared_core.eval.longmemeval.LME_METRICS`, and its abstention flag, on LongMemEval rows)."""
 
 
 class SplitDataMissingError(InvalidInputError):
@@ -108,31 +114,42 @@ def default_data_root() -> Path:
     return Path(env) if env else DEFAULT_DATA_ROOT
 
 
-def resolve_split(split: str, data_root: str | Path | None = None) -> dict[str, list[Path]]:
+def resolve_split(
+    split: str, data_root: str | Path | None = None, kinds: Sequence[str] | None = None
+) -> dict[str, list[Path]]:
     """The files of a named split under a data root.
 
     Args:
         split: ``"dev"`` or ``"validate"`` (:data:`SPLITS`).
-        data_root: the directory holding ``locomo/`` and ``realmem/``, default :func:`default_data_root`.
+        data_root: the directory holding ``locomo/``, ``realmem/`` and ``longmemeval/``, default
+            :func:`default_data_root`.
+        kinds: only these input kinds (e.g. ``("locomo",)``), default every kind of the split.
 
     Returns:
-        ``{"locomo": [paths], "realmem": [paths]}``, each path ``data_root / relative path``.
+        ``{"locomo": [paths], "realmem": [paths], "longmemeval": [paths]}`` (the kinds asked for), each
+        path ``data_root / relative path``.
 
     Raises:
-        InvalidInputError: an unknown split name.
+        InvalidInputError: an unknown split name or kind.
         SplitDataMissingError: one or more of the split's files is not a file under ``data_root``
             (the message lists them and how to point at the data).
     """
     if split not in SPLITS:
         raise InvalidInputError(f"Unknown split {split!r}; choose one of {', '.join(SPLITS)}.")
+    wanted = dict(SPLITS[split])
+    if kinds is not None:
+        unknown = [k for k in kinds if k not in wanted]
+        if unknown:
+            raise InvalidInputError(f"Unknown input kind(s) {unknown}; choose among {', '.join(wanted)}.")
+        wanted = {k: wanted[k] for k in kinds}
     root = Path(data_root) if data_root is not None else default_data_root()
-    out = {kind: [root / rel for rel in rels] for kind, rels in SPLITS[split].items()}
-    missing = [rel for rels in SPLITS[split].values() for rel in rels if not (root / rel).is_file()]
+    out = {kind: [root / rel for rel in rels] for kind, rels in wanted.items()}
+    missing = [rel for rels in wanted.values() for rel in rels if not (root / rel).is_file()]
     if missing:
         raise SplitDataMissingError(
             f"Split {split!r}: missing {', '.join(missing)} under the data root {root}; pass --data DIR "
-            f"(or set {DATA_ENV}) to the directory holding locomo/ and realmem/, or give the files with "
-            "--locomo / --realmem."
+            f"(or set {DATA_ENV}) to the directory holding locomo/, realmem/ and longmemeval/, or give the "
+            "files with --locomo / --realmem / --longmemeval."
         )
     return out
 

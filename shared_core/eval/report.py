@@ -9,6 +9,7 @@ from typing import Any
 
 from .aggregate import LLM_METRICS
 from .compare import COMPARED_METRICS, compare_methods
+from .longmemeval import longmemeval_lines
 from .protocol import QUERY_ROWS_JSONL
 
 __all__ = ["comparison_of", "markdown_table", "plot_results", "write_report"]
@@ -253,6 +254,7 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
                 "Bold: the best flat baseline(s) of the column (of "
                 + ", ".join(flats)
                 + "; the flat baselines that count are dense, stemmed BM25, RRF and fusion"
+                + (" and sessions as documents" if any(f.startswith("session_docs") for f in flats) else "")
                 + (
                     f", fusion only at the dev-chosen weight {comp['fusion_weight']:g}"
                     if comp.get("fusion_weight") is not None
@@ -281,6 +283,7 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
                     + " |"
                 )
             lines.append("")
+        lines += longmemeval_lines(doc, label)
         lines += _comparison_lines(comp, label, k, f"Memories against the flat baselines ({label})")
     if len(_datasets(doc)) > 1:
         lines += _comparison_lines(comp, None, k, "Memories against the flat baselines (all queries pooled)")

@@ -9,11 +9,12 @@ With an LLM, an :class:`~shared_core.eval.judge.AnswerJudge` writes an answer fr
 it. Results are written per conversation (so a run can resume) and aggregated into one JSON document,
 a Markdown table and a PNG chart (:mod:`shared_core.eval.report`).
 
-This module holds the online loop (the shared :class:`CachingEmbedder`, :func:`evaluate_conversation`)
-and the run (:func:`run_eval`). The inputs (:class:`Dataset`, :func:`load_datasets`) live in
-:mod:`shared_core.eval.inputs`, the aggregation (:func:`aggregate_results`) in
-:mod:`shared_core.eval.aggregate`; method specs (``--methods``: :class:`MethodSpec`,
-:func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
+This module holds the online loop (:func:`evaluate_conversation`) and the run (:func:`run_eval`). The
+embedding cache shared by every method of a conversation (:class:`CachingEmbedder`) lives in
+:mod:`shared_core.eval.embed_cache`, LongMemEval's loader and metrics in :mod:`shared_core.eval.longmemeval`,
+the inputs (:class:`Dataset`, :func:`load_datasets`) in :mod:`shared_core.eval.inputs`, the aggregation
+(:func:`aggregate_results`) in :mod:`shared_core.eval.aggregate`; method specs (``--methods``:
+:class:`MethodSpec`, :func:`parse_methods`, the flat baselines, :func:`reference_spec`, :func:`memory_facts`,
 :func:`with_references`) in :mod:`shared_core.eval.methods`; the comparison of the memories with the
 flat baselines (:func:`compare_methods`: margin over the best counted flat baseline, tree share =
 the tree policy (e.g. ``top_down``) minus ``collapsed``, corpus share = ``collapsed`` minus the flat
@@ -31,19 +32,20 @@ import platform
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from datetime import time as dt_time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..models.extractive import sentence_spans
 from ..search.relevance import check_weight
 from ..types import InvalidInputError, Usage, parse_timestamp
-from .aggregate import LLM_METRICS, QUERY_METRICS, aggregate_results
+from .aggregate import LLM_METRICS, QUERY_METRICS, aggregate_results, pooled
 from .compare import COMPARED_METRICS, _build_facts, _nan_to_none, compare_methods
 from .data import Conversation, add_turns
+from .embed_cache import CachingEmbedder
 from .inputs import Dataset, load_datasets
+from .longmemeval import LME_METRICS, question_metrics
 from .methods import (
     BASELINES,
     COUNTED_BASELINES,
@@ -122,112 +124,17 @@ ADD_BATCH_MODES = ("session", "query", "message")
 stretch between queries, or one per message."""
 
 
-# --------------------------------------------------------------------------- embedder cache
-class CachingEmbedder:
-    """Memoises another embedder's vectors by text, so every method of a run shares each embedding.
-
-    The evaluation pre-embeds every message rendering and question of a conversation in one batch
-    (:meth:`prime`); the memories then find those vectors here, so their construction seconds measure
-    the algorithm plus the texts only they embed (summaries), and retrieval latency excludes the query
-    embedding, identically for every method. Usage counters of the memories still count each call
-    they make.
-
-    Args:
-        base: the embedder to memoise (any :class:`~shared_core.models.base.Embedder`).
-
-    Attributes:
-        hits, misses: texts served from the cache / embedded by ``base``.
-        seconds: wall-clock seconds spent in ``base.embed``.
-    """
-
-    def __init__(self, base: Any) -> None:
-        self.base = base
-        self._table: dict[str, np.ndarray] = {}
-        self._parts: dict[tuple[str, tuple[tuple[int, int], ...]], np.ndarray] = {}
-        self.hits = 0
-        self.misses = 0
-        self.seconds = 0.0
-
-    @property
-    def dim(self) -> int:
-        """The base embedder's dimension."""
-        return int(self.base.dim)
-
-    @property
-    def name(self) -> str:
-        """The base embedder's name (or class name)."""
-        return str(getattr(self.base, "name", type(self.base).__name__))
-
-    def prime(self, texts: Iterable[str]) -> None:
-        """Embed the texts not cached yet, in one batch (with their sentences' pooled vectors when the base
-        embedder offers ``embed_spans``, as the default extractive summariser asks for them)."""
-        todo = [t for t in dict.fromkeys(texts) if t not in self._table]
-        if not todo:
-            return
-        if callable(getattr(self.base, "embed_spans", None)):
-            self._embed_spans(todo, [sentence_spans(t) for t in todo])
-            return
-        t0 = time.perf_counter()
-        vecs = np.asarray(self.base.embed(todo), dtype=np.float32)
-        self.seconds += time.perf_counter() - t0
-        self.misses += len(todo)
-        self._table.update(zip(todo, vecs))
-
-    def _embed_spans(self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]) -> None:
-        t0 = time.perf_counter()
-        vecs, parts = self.base.embed_spans(texts, spans)
-        self.seconds += time.perf_counter() - t0
-        self.misses += len(texts)
-        for t, sp, v, p in zip(texts, spans, np.asarray(vecs, dtype=np.float32), parts):
-            self._table.setdefault(t, v)
-            self._parts[(t, tuple(map(tuple, sp)))] = np.asarray(p, dtype=np.float32)
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Vectors of ``texts``, ``float32`` ``(len(texts), dim)``; unknown texts embedded in one batch."""
-        texts = list(texts)
-        before = self.misses
-        self.prime(texts)
-        self.hits += len(texts) - (self.misses - before)
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._table[t] for t in texts])
-
-    def embed_spans(
-        self, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]]
-    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """The base embedder's ``embed_spans``, memoised by text and spans; ``(vectors, None)`` when the base
-        has none."""
-        texts = list(texts)
-        if not callable(getattr(self.base, "embed_spans", None)):
-            return self.embed(texts), None
-        keys = [(t, tuple(map(tuple, sp))) for t, sp in zip(texts, spans)]
-        todo = {k: None for k in keys if k not in self._parts}
-        before = self.misses
-        if todo:
-            self._embed_spans([k[0] for k in todo], [k[1] for k in todo])
-        self.hits += len(texts) - (self.misses - before)
-        vecs = np.stack([self._table[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
-        return vecs, [self._parts[k] for k in keys]
-
-    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
-        """Async :meth:`embed`."""
-        return self.embed(texts)
-
-    def clear(self) -> None:
-        """Forget every cached vector."""
-        self._table.clear()
-        self._parts.clear()
-
-
 # --------------------------------------------------------------------------- data
 # --------------------------------------------------------------------------- one conversation
 def _batches(conv: Conversation, end: int, mode: str) -> list[tuple[int, int]]:
-    """Consecutive ``[start, stop)`` add batches covering messages ``0..end`` without crossing a query."""
+    """Consecutive ``[start, stop)`` add batches covering messages ``0..end`` without crossing a query; a
+    conversation marked ``meta["bulk"]`` (a LongMemEval question's haystack) is cut at queries only in the
+    ``session`` mode (one bulk ``add`` per method)."""
     cuts = {0, end}
     cuts.update(q.position for q in conv.queries if 0 < q.position < end)
     if mode == "message":
         cuts.update(range(end))
-    elif mode == "session":
+    elif mode == "session" and not conv.meta.get("bulk"):
         prev = None
         for i, m in enumerate(conv.messages[:end]):
             key = m.metadata.get("session", m.timestamp)
@@ -328,6 +235,7 @@ def evaluate_conversation(
                 f"Query {q.id} is asked at position {q.position}, outside 0..{len(conv.messages)}."
             )
     end = max((q.position for q in queries), default=0)
+    cache0 = embedder.counts() if isinstance(embedder, CachingEmbedder) else None
     if isinstance(embedder, CachingEmbedder):
         embedder.prime([m.render() for m in conv.messages[:end]] + [q.question for q in queries])
 
@@ -360,7 +268,7 @@ def evaluate_conversation(
                 ),
             }
     rows: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
-    ctx = _ScoreContext(conv, dataset, judge, render)
+    ctx = _ScoreContext(conv, dataset, judge, render, k)
     batches = _batches(conv, end, add_batch)
     bi = 0
     for q in queries:
@@ -386,9 +294,10 @@ def evaluate_conversation(
                 obj.retrieve(WARMUP_QUERY, **warm[key])
                 cost[key]["refresh_wall_seconds"] += time.perf_counter() - w0
                 cost[key]["refresh_cpu_seconds"] += time.process_time() - c0
-        # a memory is asked as of the last message before the question (its relative time expressions
-        # resolve against that, never against the clock of the machine running the evaluation)
-        asked = parse_timestamp(conv.messages[q.position - 1].timestamp) if q.position > 0 else None
+        # a memory is asked as of the question's date (LongMemEval's question_date, to the end of its
+        # day: the data's sessions of that day are not ordered by time), else as of the last message
+        # before it; its time expressions never resolve against the clock of the machine running this
+        asked = _asked_at(q, conv)
         for s in specs:
             obj = builds[s.build]
             kw: dict[str, Any] = {"k": k}
@@ -404,6 +313,9 @@ def evaluate_conversation(
             rows[s.name].append(_score(ctx, q, hits, wall, cpu))
         if progress is not None:
             progress.update(1)
+    cache = None
+    if cache0 is not None:
+        cache = {f: v - cache0[f] for f, v in embedder.counts().items()}
     for key, obj in builds.items():
         c = cost[key]
         c["usage"] = _usage_of(obj).to_dict()
@@ -422,6 +334,12 @@ def evaluate_conversation(
                 "skipped_evidence": conv.skipped_evidence,
                 "skipped_queries": int(conv.meta.get("skipped_queries", 0)),
                 "source": conv.meta.get("source"),
+                **{
+                    f: int(conv.meta[f])
+                    for f in ("missing_evidence_sessions", "repeated_sessions", "skipped_messages")
+                    if f in conv.meta
+                },
+                **({"embed_cache": cache} if cache is not None else {}),
             },
             "builds": cost,
             "methods": {name: {"queries": r} for name, r in rows.items()},
@@ -432,8 +350,8 @@ def evaluate_conversation(
 class _ScoreContext:
     """What scoring a conversation's hits needs once: the sentences and timestamps per source id."""
 
-    def __init__(self, conv: Conversation, dataset: str, judge: Any, render: str) -> None:
-        self.conv, self.dataset, self.judge, self.render = conv, dataset, judge, render
+    def __init__(self, conv: Conversation, dataset: str, judge: Any, render: str, k: int = 10) -> None:
+        self.conv, self.dataset, self.judge, self.render, self.k = conv, dataset, judge, render, k
         self.sentences = message_sentences(conv.messages)
         self.stamps: dict[str, str | None] = {}
         for m in conv.messages:
@@ -468,6 +386,11 @@ def _score(ctx: _ScoreContext, q: Any, hits: list[Any], wall: float, cpu: float)
         "span_recall": contained_recall(shown, q.evidence, ctx.sentences) if has_ev else math.nan,
         "subtree_recall": evidence_recall(all_ids, q.evidence) if has_ev else math.nan,
         "answer_token_recall": answer_token_recall(q.answer, texts) if q.answer.strip() else math.nan,
+        **(
+            question_metrics(q, hits, ctx.k, conv.meta.get("canonical_turns") or {})
+            if conv.meta.get("source") == "longmemeval"
+            else {}
+        ),
         "returned_tokens": count_tokens(texts),
         "n_hits": len(hits),
         "leaf_hits": sum(1 for h in hits if h.is_leaf),
@@ -486,7 +409,10 @@ def _score(ctx: _ScoreContext, q: Any, hits: list[Any], wall: float, cpu: float)
         ],
     }
     if judge is not None:
-        ja = judge(q.question, q.answer, texts)
+        if conv.meta.get("source") == "longmemeval" and callable(getattr(judge, "for_question", None)):
+            ja = judge.for_question(q.question, q.answer, texts, q.meta)
+        else:
+            ja = judge(q.question, q.answer, texts)
         row["answer"] = ja.answer
         row["llm_accuracy"] = ja.verdict
         row["rouge_l_recall"] = ja.rouge_l_recall
@@ -497,6 +423,14 @@ def _score(ctx: _ScoreContext, q: Any, hits: list[Any], wall: float, cpu: float)
 
 # --------------------------------------------------------------------------- aggregation
 # --------------------------------------------------------------------------- the run
+def _asked_at(q: Any, conv: Conversation) -> datetime | None:
+    """When a query is asked, for ``retrieve(as_of=...)`` (see the call)."""
+    day = parse_timestamp((q.meta or {}).get("question_date"))
+    if day is not None:
+        return datetime.combine(day.date(), dt_time.max)
+    return parse_timestamp(conv.messages[q.position - 1].timestamp) if q.position > 0 else None
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("hiermem", "numpy", "faiss-cpu", "bm25s", "sentence-transformers", "torch"):
@@ -542,6 +476,8 @@ def run_eval(
     seed: int = BOOTSTRAP_SEED,
     fusion_weight: float | None = None,
     render: str = "plain",
+    longmemeval: Sequence[str | Path] = (),
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """Run an evaluation end to end and (with ``out``) write its files.
 
@@ -567,7 +503,9 @@ def run_eval(
         out: output directory, default ``None`` (nothing written).
         llm: an LLM answering and judging (any :class:`~shared_core.models.base.LLM`), default none.
         llm_name: how to name the LLM in the configuration (e.g. ``"openai:gpt-4o-mini"``).
-        judge: a ready :class:`~shared_core.eval.judge.AnswerJudge` (default: one built on ``llm``).
+        judge: a ready :class:`~shared_core.eval.judge.AnswerJudge` (default: one built on ``llm``; with
+            LongMemEval data a :class:`~shared_core.eval.longmemeval_judge.LongMemEvalJudge`, which answers
+            those questions as of their date and grades them with LongMemEval's rubric per type).
         llm_memories: give ``llm`` to the memories too (LLM summaries and LLM-only policies).
         embedder: the embedder of every method, default :class:`~shared_core.models.local.LocalEmbedder`.
         embed_cache: share embeddings between methods through :class:`CachingEmbedder`, default ``True``.
@@ -587,6 +525,13 @@ def run_eval(
             on dev) with ``split="validate"``, else every evaluated weight counts.
         render: how returned texts are scored, for every method alike
             (:data:`~shared_core.eval.metrics.RENDERS`: ``"plain"``, the default, or ``"dated"``).
+        longmemeval: LongMemEval files (:func:`~shared_core.eval.longmemeval.load_longmemeval`): each
+            question a conversation, its haystack added in one ``add`` per method, its rows holding the
+            LongMemEval figures (:data:`~shared_core.eval.longmemeval.LME_METRICS`, compared with the flat
+            baselines too); with any, the flat baselines evaluated include ``session_docs`` whenever
+            another counted flat baseline is.
+        limit: at most this many questions of each LongMemEval file, spread over the question types,
+            default all.
 
     Returns:
         The results document (what ``results.json`` holds).
@@ -614,6 +559,8 @@ def run_eval(
         raise InvalidInputError(f"add_batch must be one of {', '.join(ADD_BATCH_MODES)}, got {add_batch!r}.")
     if render not in RENDERS:
         raise InvalidInputError(f"render must be one of {', '.join(RENDERS)}, got {render!r}.")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInputError(f"limit must be a positive integer, got {limit!r}.")
     specs = with_references(parse_methods(methods, memory_llm=llm_memories), memory_llm=llm_memories)
     if fusion_weight is None and split == "validate":
         fusion_weight = DEV_FUSION_WEIGHT
@@ -627,6 +574,7 @@ def run_eval(
         files = resolve_split(split, data_root)
         locomo = [*locomo, *files["locomo"]]
         realmem = [*realmem, *files["realmem"]]
+        longmemeval = [*longmemeval, *files.get("longmemeval", [])]
         split_files = [rel for rels in SPLITS[split].values() for rel in rels]
     datasets = load_datasets(
         locomo=locomo,
@@ -635,11 +583,21 @@ def run_eval(
         realmem_excerpt=realmem_excerpt,
         categories=categories,
         conversations=conversations,
+        longmemeval=longmemeval,
+        limit=limit,
     )
+    lme = any(d.source == "longmemeval" for d in datasets)
+    if (
+        lme
+        and "session_docs" not in {s.kind for s in specs}
+        and any(s.kind in COUNTED_BASELINES for s in specs)
+    ):
+        specs.append(parse_methods("session_docs")[0])
     if judge is None and llm is not None:
         from .judge import AnswerJudge
+        from .longmemeval_judge import LongMemEvalJudge
 
-        judge = AnswerJudge(llm)
+        judge = LongMemEvalJudge(llm) if lme else AnswerJudge(llm)
     if embedder is None:
         from ..models.local import LocalEmbedder
 
@@ -661,6 +619,7 @@ def run_eval(
         "add_batch": add_batch,
         "fusion_weight": fusion_weight,
         "render": render,
+        "limit": limit,
         "conversations": None if conversations is None else list(conversations),
         "embedder": emb_name,
         "embed_cache": bool(embed_cache),
@@ -760,9 +719,9 @@ def run_eval(
     doc["comparison"] = compare_methods(
         doc["methods"],
         _build_facts(results, specs, llm_memories),
-        [*COMPARED_METRICS, *(LLM_METRICS if llm is not None else ())],
+        [*COMPARED_METRICS, *(LLM_METRICS if llm is not None else ()), *(LME_METRICS if lme else ())],
         rows={
-            s.name: [r for c in results for r in c["methods"].get(s.name, {}).get("queries", [])]
+            s.name: pooled(r for c in results for r in c["methods"].get(s.name, {}).get("queries", []))
             for s in specs
         },
         n_resamples=n_resamples,

@@ -109,3 +109,70 @@ def aggregate_of(values: dict[str, float], kind: str, build: str | None = None) 
         "overall": {m: pooled + d for m, d in shifts},
         "by_dataset": by_ds,
     }
+
+
+def _turns(*pairs: tuple[str, str] | tuple[str, str, bool]) -> list[dict]:
+    out = []
+    for p in pairs:
+        t = {"role": p[0], "content": p[1]}
+        if len(p) > 2 and p[2]:
+            t["has_answer"] = True
+        out.append(t)
+    return out
+
+
+def tiny_longmemeval() -> list[dict]:
+    """Three LongMemEval-shaped questions over small haystacks (dates out of order, a repeated session, an
+    empty turn): a single-session-user one, a multi-session one with two evidence sessions and an
+    abstention one (``_abs``)."""
+    filler = _turns(("user", "Can you suggest a pasta recipe?"), ("assistant", "Try spaghetti with garlic."))
+    garden = _turns(
+        ("user", "I planted tomatoes in my garden."),
+        ("assistant", "Tomatoes love sun."),
+        ("user", "My dog Rex dug up the tomato bed.", True),
+    )
+    lisbon = _turns(("user", "I booked a flight to Lisbon for June.", True), ("assistant", "Enjoy Lisbon!"))
+    porto = _turns(
+        ("user", ""), ("user", "I also booked a train to Porto.", True), ("assistant", "Nice trip.")
+    )
+    return [
+        {
+            "question_id": "q_user",
+            "question_type": "single-session-user",
+            "question": "What is the name of my dog?",
+            "answer": "Rex",
+            "question_date": "2023/06/01 (Thu) 10:00",
+            "haystack_session_ids": ["filler_1", "answer_g_1", "filler_1"],
+            "haystack_dates": ["2023/05/20 (Sat) 09:00", "2023/05/02 (Tue) 08:30", "2023/05/25 (Thu) 12:00"],
+            "haystack_sessions": [filler, garden, filler],
+            "answer_session_ids": ["answer_g_1"],
+        },
+        {
+            "question_id": "q_multi",
+            "question_type": "multi-session",
+            "question": "Which places did I book a flight and a train to?",
+            "answer": "Lisbon and Porto",
+            "question_date": "2023/06/10 (Sat) 18:00",
+            "haystack_session_ids": ["answer_t_2", "filler_2", "answer_t_1"],
+            "haystack_dates": ["2023/05/09 (Tue) 11:00", "2023/05/05 (Fri) 07:00", "2023/05/01 (Mon) 09:15"],
+            "haystack_sessions": [porto, filler, lisbon],
+            "answer_session_ids": ["answer_t_1", "answer_t_2"],
+        },
+        {
+            "question_id": "q_user_abs",
+            "question_type": "single-session-user",
+            "question": "What is the name of my cat?",
+            "answer": "You did not mention a cat.",
+            "question_date": "2023/06/01 (Thu) 10:00",
+            "haystack_session_ids": ["filler_3", "answer_c_abs_1"],
+            "haystack_dates": ["2023/05/20 (Sat) 09:00", "2023/05/02 (Tue) 08:30"],
+            "haystack_sessions": [filler, garden],
+            "answer_session_ids": ["answer_c_abs_1"],
+        },
+    ]
+
+
+def write_longmemeval(path: Path, items: list[dict] | None = None) -> Path:
+    """A LongMemEval-shaped JSON file (default :func:`tiny_longmemeval`)."""
+    path.write_text(json.dumps(tiny_longmemeval() if items is None else items), encoding="utf-8")
+    return path

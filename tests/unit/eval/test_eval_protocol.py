@@ -16,7 +16,7 @@ from shared_core.eval import protocol as P
 from shared_core.eval import runner as R
 from shared_core.eval.command import _recorded_command, eval_command
 from shared_core.types import InvalidInputError
-from tests.support.eval import BowEmbedder
+from tests.support.eval import BowEmbedder, write_longmemeval
 
 # --------------------------------------------------------------------------- paired bootstrap
 
@@ -186,8 +186,12 @@ def _tiny_realmem(person: str) -> dict:
 def _data_root(root: Path, split: str) -> Path:
     (root / "locomo").mkdir(parents=True)
     (root / "realmem").mkdir()
+    (root / "longmemeval").mkdir()
     for kind, rels in P.SPLITS[split].items():
         for i, rel in enumerate(rels):
+            if kind == "longmemeval":
+                write_longmemeval(root / rel)
+                continue
             data = (
                 [_tiny_locomo(f"conv-{i}")]
                 if kind == "locomo"
@@ -201,8 +205,10 @@ def test_splits_name_the_shared_files():
     assert P.SPLITS["dev"] == {
         "locomo": ("locomo/locomo_dev.json",),
         "realmem": ("realmem/Kenta_Tanaka_dialogues_256k.json",),
+        "longmemeval": ("longmemeval/longmemeval_s_dev.json",),
     }
     assert P.SPLITS["validate"]["locomo"] == ("locomo/locomo_validate.json",)
+    assert P.SPLITS["validate"]["longmemeval"] == ("longmemeval/longmemeval_s_validate.json",)
     assert [Path(p).name.split("_")[0] for p in P.SPLITS["validate"]["realmem"]] == ["Pak", "Oliver"]
 
 
@@ -210,6 +216,7 @@ def test_resolve_split_root_env_and_missing_files(tmp_path, monkeypatch):
     root = _data_root(tmp_path / "data", "validate")
     got = P.resolve_split("validate", root)
     assert got["locomo"] == [root / "locomo" / "locomo_validate.json"]
+    assert got["longmemeval"] == [root / "longmemeval" / "longmemeval_s_validate.json"]
     assert [p.name for p in got["realmem"]] == [
         "Pak_Budi_dialogues_256k.json",
         "Oliver_Smith_dialogues_256k.json",
@@ -224,7 +231,14 @@ def test_resolve_split_root_env_and_missing_files(tmp_path, monkeypatch):
     (root / "realmem" / "Oliver_Smith_dialogues_256k.json").unlink()
     with pytest.raises(P.SplitDataMissingError, match="Oliver_Smith") as e:
         P.resolve_split("validate", root)
-    assert "Pak_Budi" not in str(e.value)
+    assert "Pak_Budi" not in str(e.value) and "longmemeval" not in str(e.value).split("under")[0]
+    (root / "longmemeval" / "longmemeval_s_validate.json").unlink()
+    with pytest.raises(P.SplitDataMissingError, match="longmemeval/longmemeval_s_validate.json"):
+        P.resolve_split("validate", root)
+    # the kinds asked for only: LoCoMo alone resolves without the others
+    assert P.resolve_split("validate", root, kinds=["locomo"]) == {"locomo": got["locomo"]}
+    with pytest.raises(InvalidInputError, match="Unknown input kind"):
+        P.resolve_split("validate", root, kinds=["locomo", "other"])
     with pytest.raises(InvalidInputError, match="dev, validate"):
         P.resolve_split("test", root)
 
@@ -265,17 +279,20 @@ def test_split_run_writes_rows_sweep_and_no_absolute_paths(tmp_path):
     assert doc["config"]["split_files"] == [
         "locomo/locomo_dev.json",
         "realmem/Kenta_Tanaka_dialogues_256k.json",
+        "longmemeval/longmemeval_s_dev.json",
     ]
     assert [d["file"] for d in doc["config"]["inputs"]] == [
         "locomo_dev.json",
         "Kenta_Tanaka_dialogues_256k.json",
+        "longmemeval_s_dev.json",
     ]
     for name in ("results.json", "results.md", "queries.jsonl"):
         text = (out / name).read_text(encoding="utf-8")
         assert str(tmp_path) not in text and str(root) not in text
-    # one line per question and method: 3 LoCoMo + 1 RealMem questions, 4 methods
+    # one line per question and method: 3 LoCoMo + 1 RealMem + 3 LongMemEval questions, 4 methods and
+    # the sessions-as-documents baseline a run with LongMemEval data adds
     lines = [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines()]
-    assert len(lines) == 4 * 4
+    assert len(lines) == 7 * 5
     first = lines[0]
     assert (
         first["dataset"],
@@ -308,4 +325,7 @@ def test_split_run_writes_rows_sweep_and_no_absolute_paths(tmp_path):
     )
     md = (out / "results.md").read_text()
     assert "Flat fusion weight sweep (best weight on the dev split" in md
-    assert "split dev (locomo/locomo_dev.json, realmem/Kenta_Tanaka_dialogues_256k.json)" in md
+    assert (
+        "split dev (locomo/locomo_dev.json, realmem/Kenta_Tanaka_dialogues_256k.json, "
+        "longmemeval/longmemeval_s_dev.json)" in md
+    )
