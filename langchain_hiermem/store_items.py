@@ -445,7 +445,11 @@ class _PostgresItems(_ItemsDB):
         from shared_core.stores.pg_connection import first_line
 
         try:
-            return psycopg.connect(self._url, **self._kwargs)
+            conn = psycopg.connect(self._url, **self._kwargs)
+            # every lock this session waits for, reads included, for at most write_wait seconds
+            ms = max(1, round(self.write_wait * 1000))
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{ms}ms",))
+            return conn
         except psycopg.Error as e:
             raise PersistenceError(
                 f"Cannot connect to PostgreSQL at {self.location}: {first_line(e)}. Check that the server "
@@ -552,9 +556,16 @@ class _PostgresItems(_ItemsDB):
         import psycopg
 
         from shared_core.stores.pg_connection import first_line
+        from shared_core.types import NamespaceBusyError
 
         if isinstance(e, PersistenceError):
             return e
+        if isinstance(e, psycopg.errors.LockNotAvailable):  # a table lock held longer than write_wait
+            return NamespaceBusyError(
+                f"Could not {what} the LangGraph store in {self.location}: a table of it stayed locked by "
+                f"another session (e.g. VACUUM FULL, ALTER TABLE) for longer than {self.write_wait:g} s; "
+                "nothing was changed. Try again, or raise the wait (lock_timeout= in the URL)."
+            )
         if isinstance(e, psycopg.OperationalError):
             self._drop()
             return PersistenceError(

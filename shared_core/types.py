@@ -100,9 +100,10 @@ class VersionMismatchError(PersistenceError):
 
 
 class NamespaceBusyError(PersistenceError):
-    """A write found a namespace of a shared store busy: its writer lock was not free within the lock
-    timeout, or other processes kept committing to it while this write computed its change (every
-    attempt was recomputed from their changes). Nothing was written; trying again later is safe.
+    """A call found a namespace of a shared store busy: its writer lock (or, for any call, a table lock
+    another session holds, e.g. VACUUM FULL) was not free within the lock timeout, or other processes
+    kept committing to it while this write computed its change (every attempt was recomputed from their
+    changes). Nothing was written; trying again later is safe.
 
     Attributes:
         namespace: the busy namespace (a tuple of strings), when known.

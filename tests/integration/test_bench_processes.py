@@ -98,7 +98,7 @@ def test_the_correctness_check_rejects_lost_duplicated_and_alien_messages(pg_url
     with pytest.raises(P.ProcessBenchError, match="never sent"):
         P._check(pg_url, ns, {"p0-0": sent["p0-0"]}, ["p0-0"], "hash")
     mem = HierarchicalMemory.open(pg_url, namespace=ns, embedder=P._embedder("hash"))
-    mem.add(Message(sent["p0-0"], id="p0-0"))  # the same message a second time
+    mem.add(Message(sent["p0-0"], id="p0-0"), allow_duplicate_ids=True)  # the same message a second time
     mem.close_store()
     with pytest.raises(P.ProcessBenchError, match="more than once"):
         P._check(pg_url, ns, sent, ok, "hash")

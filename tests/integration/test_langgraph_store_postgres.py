@@ -116,3 +116,38 @@ def test_a_postgres_server_restart_gives_persistence_error_then_reconnects(pg_cl
         before = snapshot(s)
     with open_store(pg_url) as s:
         assert snapshot(s) == before
+
+
+def test_a_table_lock_bounds_every_call_of_the_store(pg_cluster, pg_url):
+    """Another session holds ACCESS EXCLUSIVE on the store's items table (as VACUUM FULL or an ALTER
+    would): a get, a search and a put of another opener each wait at most the URL's lock_timeout, then
+    fail with NamespaceBusyError; nothing changed, and once the lock is released the same store serves
+    them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psycopg
+
+    from shared_core.types import NamespaceBusyError
+
+    url = f"{pg_url}&lock_timeout=0.5"
+    with open_store(url) as s, open_store(url) as other:
+        s.put(NS, "k0", {"text": FACTS[0]})
+        holder = psycopg.connect(pg_cluster.url(_dbname(pg_url)))
+        holder.execute(f"LOCK TABLE {SCHEMA}.items IN ACCESS EXCLUSIVE MODE")
+        pool = ThreadPoolExecutor(1)
+        try:
+            calls = [
+                lambda: other.get(NS, "k0"),
+                lambda: other.search(NS, query=FACTS[0]),
+                lambda: other.put(NS, "k1", {"text": FACTS[1]}),
+            ]
+            for call in calls:
+                with pytest.raises(NamespaceBusyError, match="locked"):
+                    pool.submit(call).result(timeout=20)  # a wait past the bound fails the test
+        finally:
+            holder.close()  # a call still waiting (the test failed) goes on, and the pool ends
+            pool.shutdown(wait=True)
+        assert other.get(NS, "k0").value == {"text": FACTS[0]}
+        assert other.get(NS, "k1") is None
+        other.put(NS, "k1", {"text": FACTS[1]})
+        assert s.get(NS, "k1").value == {"text": FACTS[1]}

@@ -52,7 +52,16 @@ async def test_stdio_durable_store(tmp_path: Path) -> None:
             expect = {
                 "remember": (["namespace", "text", "speaker", "timestamp"], ["namespace", "text"]),
                 "recall": (
-                    ["namespace", "query", "k", "policy", "time_range_start", "time_range_end"],
+                    [
+                        "namespace",
+                        "query",
+                        "k",
+                        "policy",
+                        "time_range_start",
+                        "time_range_end",
+                        "as_of",
+                        "min_score",
+                    ],
                     ["namespace", "query"],
                 ),
                 "forget": (["namespace", "id"], ["namespace", "id"]),
