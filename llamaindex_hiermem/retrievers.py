@@ -37,6 +37,10 @@ STRUCTURE_KEYS = ("node_id", "depth", "span", "source_ids", "is_leaf", "level", 
 # At most this many rounds of doubling k when a scoped retrieval keeps fewer hits than asked for.
 
 
+#: the core ``retrieve`` options a retriever passes on beside the policy's parameters
+RETRIEVE_OPTIONS = frozenset({"as_of", "min_score", "time_range", "time_weight"})
+
+
 def policy_param_names(memory: HierarchicalMemory) -> frozenset[str] | None:
     """Names of the retrieval-policy parameters ``memory`` accepts (``None``: unknown, any name passes).
 
@@ -275,7 +279,10 @@ class HierMemRetriever(BaseRetriever):
         callback_manager: LlamaIndex callbacks, default ``None``.
         object_map: LlamaIndex recursive-retrieval objects, default ``None``.
         verbose: LlamaIndex verbosity, default ``False``.
-        **policy_params: the policy's parameters (e.g. SegTreeMem ``alpha=0.1, horizon=2``).
+        **policy_params: the policy's parameters (e.g. SegTreeMem ``alpha=0.1, horizon=2``), and the
+            core ``retrieve`` options ``as_of`` (the time the query is asked at: nothing said after it,
+            time expressions resolve against it), ``min_score`` (a threshold on the node's score, the
+            cosine similarity in [0, 1]), ``time_range`` and ``time_weight``.
 
     Raises:
         InvalidInputError: ``memory`` is not a hiermem memory; ``similarity_top_k`` or ``max_tokens`` is
@@ -320,7 +327,7 @@ class HierMemRetriever(BaseRetriever):
                 raise InvalidInputError(f"{name} must be a positive integer or None, got {v!r}.")
         accepted = policy_param_names(memory)
         if accepted is not None:
-            unknown = sorted(set(policy_params) - accepted)
+            unknown = sorted(set(policy_params) - accepted - RETRIEVE_OPTIONS)
             if unknown:
                 raise InvalidInputError(
                     f"{type(memory).__name__} retrieval takes no parameter {', '.join(map(repr, unknown))}; "

@@ -371,7 +371,9 @@ class Hit:
             first; relative to the rest of the memory: e.g. relevance divided by its maximum over every
             node, or relevance propagated over the tree), ``"dense"`` (the raw cosine, in ``[-1, 1]``)
             and, when the memory's relevance reads BM25, ``"bm25"`` (the Okapi BM25 score of the text,
-            not normalised). Empty on a hit not made by ``retrieve``.
+            not normalised); under ``top_down`` and ``bottom_up`` also ``"propagated"`` (the relevance
+            propagated over the tree, which is the ranking figure there). Empty on a hit not made by
+            ``retrieve``.
         rank: 1-based position in the policy's order (0 on a hit not made by ``retrieve``).
         policy: the retrieval policy that ranked it (``""`` on a hit not made by ``retrieve``).
         path: node ids from the root down to this node (empty on a hit not made by ``retrieve``).

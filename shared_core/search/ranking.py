@@ -217,6 +217,8 @@ class Ranking(CandidateSearch):
         out = []
         for rank, (h, c) in enumerate(zip(hits, cos.tolist()), start=1):
             comp = {"rank": float(h.score), "dense": float(c)}
+            if policy in ("top_down", "bottom_up"):  # the ranking figure is relevance propagated
+                comp["propagated"] = float(h.score)
             if bm25 is not None:
                 comp["bm25"] = float(bm25[rank - 1])
             path = [*reversed(self._store.ancestors(h.node_id)), h.node_id]

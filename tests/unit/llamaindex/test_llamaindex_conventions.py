@@ -101,3 +101,23 @@ def test_in_and_nin_agree_with_the_core_where(value: Any, absent: bool, values: 
     assert metadata_matcher(_in("tags", values, op))(md) is core(md)
     nested = MetadataFilters(filters=[_in("tags", values, op)], condition=FilterCondition.NOT)
     assert metadata_matcher(nested)(md) is (not core(md))
+
+
+def test_as_of_and_min_score_reach_the_memory():
+    from llamaindex_hiermem.retrievers import HierMemRetriever as LIRetriever
+    from shared_core import Message, SegTreeMem
+    from tests.support.memory import HashEmbedder
+
+    mem = SegTreeMem(embedder=HashEmbedder())
+    mem.add(
+        [
+            Message("I live in Lyon", timestamp="2024-01-01", id="a"),
+            Message("I live in Bordeaux now", timestamp="2024-03-01", id="b"),
+        ]
+    )
+    got = LIRetriever(mem, similarity_top_k=5, as_of="2024-02-01").retrieve("where do I live")
+    assert [n.node.metadata["source_ids"] for n in got] == [["a"]]
+    every = LIRetriever(mem, similarity_top_k=5).retrieve("where do I live")
+    cut = max(n.score for n in every)
+    kept = LIRetriever(mem, similarity_top_k=5, min_score=cut).retrieve("where do I live")
+    assert [n.score for n in kept] == [n.score for n in every if n.score >= cut]

@@ -65,6 +65,7 @@ def test_every_policy_scores_in_unit_interval_and_ranks_by_its_own_figure(kind):
             assert set(h.components) >= {"rank", "dense"}
             assert h.score == min(1.0, max(0.0, h.components["dense"]))
             assert f"#{i} by {policy}" in h.explain()
+            assert ("propagated" in h.components) == (policy in ("top_down", "bottom_up"))
         if policy == "collapsed":  # a ranking policy: its own figure is non-increasing
             ranks = [h.components["rank"] for h in hits]
             assert ranks == sorted(ranks, reverse=True)
