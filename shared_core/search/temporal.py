@@ -102,6 +102,9 @@ def time_cue(query: str, now: datetime) -> TimeCue:
     Returns:
         A :class:`TimeCue` (false when the query says nothing about time).
     """
+    if not _ANCHOR.search(query):  # no expression could be kept: skip dateparser (most queries)
+        order = "late" if _LATE.search(query) else "early" if _EARLY.search(query) else None
+        return TimeCue((), order, ())
     from dateparser.search import search_dates
 
     found = search_dates(
