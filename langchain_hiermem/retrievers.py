@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from shared_core.memories.base import HierarchicalMemory
 from shared_core.search.filters import message_filter
+from shared_core.search.walk import check_score
 from shared_core.types import Hit, InvalidInputError, NodeNotFoundError
 
 __all__ = ["SEARCH_TYPES", "HierMemRetriever", "hit_to_document"]
@@ -224,11 +225,7 @@ class HierMemRetriever(BaseRetriever):
 
 
 def _check_threshold(v: Any) -> float | None:
-    if v is not None and (
-        isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0.0 <= v <= 1.0
-    ):
-        raise InvalidInputError(f"score_threshold must be a number in [0, 1], got {v!r}.")
-    return None if v is None else float(v)
+    return check_score(v, "score_threshold")
 
 
 def _check_k(k: Any) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from shared_core.search.filters import MAX_FILTER_DEPTH, check_in_values, in_values, parse_as_of
+from shared_core.search.walk import check_score
 from shared_core.types import InvalidInputError
 
 __all__ = [
@@ -349,13 +350,7 @@ def embedder_and_fields(index: Mapping[str, Any]) -> tuple[Any, list[str] | None
 
 
 def _threshold(min_score: Any) -> float | None:
-    if min_score is not None and (
-        isinstance(min_score, bool)
-        or not isinstance(min_score, (int, float, np.integer, np.floating))
-        or not -1.0 <= float(min_score) <= 1.0
-    ):
-        raise InvalidInputError(f"min_score must be a number in [-1, 1], got {min_score!r}.")
-    return None if min_score is None else float(min_score)
+    return check_score(min_score, "min_score", low=-1.0)
 
 
 #: the retrieval arguments of the store search under way (``as_of``), set by :class:`SearchOptions` and

@@ -14,7 +14,15 @@ import numpy as np
 
 from ..types import InvalidInputError, UnknownPolicyError, count_tokens
 
-__all__ = ["ADMISSIBLE", "RELEVANCE_KINDS", "TokenBudget", "best_first", "check_choice", "check_limits"]
+__all__ = [
+    "ADMISSIBLE",
+    "RELEVANCE_KINDS",
+    "TokenBudget",
+    "best_first",
+    "check_choice",
+    "check_limits",
+    "check_score",
+]
 
 #: local relevance functions every memory offers (:meth:`HierarchicalMemory.relevance`)
 RELEVANCE_KINDS = ("dense", "bm25", "hybrid")
@@ -47,17 +55,31 @@ def check_limits(k: Any, max_tokens: Any, min_score: Any) -> tuple[int, int | No
         raise InvalidInputError(f"k must be a positive integer, got {k!r}.")
     if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
         raise InvalidInputError(f"max_tokens must be a positive integer, got {max_tokens!r}.")
-    if min_score is not None and (
-        isinstance(min_score, bool)
-        or not isinstance(min_score, (int, float, np.integer, np.floating))
-        or not 0.0 <= float(min_score) <= 1.0
-    ):
-        raise InvalidInputError(f"min_score must be a number in [0, 1], got {min_score!r}.")
     return (
         int(k),
         None if max_tokens is None else int(max_tokens),
-        None if min_score is None else float(min_score),
+        check_score(min_score, "min_score"),
     )
+
+
+def check_score(value: Any, name: str, low: float = 0.0) -> float | None:
+    """A score threshold: ``None`` or a number in ``[low, 1]`` (``Hit.score`` thresholds are in
+    ``[0, 1]``; a LangGraph ``SearchItem.score``, a raw cosine, in ``[-1, 1]``).
+
+    Returns:
+        ``value`` as a ``float``, or ``None``.
+
+    Raises:
+        InvalidInputError: a bool, a non-number, NaN or a number outside ``[low, 1]``, naming ``name``
+            and the value.
+    """
+    if value is not None and (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not low <= float(value) <= 1.0
+    ):
+        raise InvalidInputError(f"{name} must be a number in [{low:g}, 1], got {value!r}.")
+    return None if value is None else float(value)
 
 
 def best_first(ids: np.ndarray, scores: np.ndarray, pos: np.ndarray | None = None) -> Iterator[int]:
