@@ -133,6 +133,8 @@ class LexicalIndex:
         self._clear_postings()
 
     def _clear_postings(self) -> None:
+        #: ``(query, scores)`` of the last query scored; every change of the texts drops it
+        self._slot_memo: tuple[str, np.ndarray] | None = None
         self._vocab: dict[str, int] = {}
         # term -> its postings, one array per column (contiguous for scoring): slot, tf, generation
         self._post_slot: list[np.ndarray] = []  # int64 (cap,)
@@ -181,6 +183,7 @@ class LexicalIndex:
         if not clean:
             return
         with self._lock:  # PyStemmer stemmers are not thread-safe: tokenise under the lock
+            self._slot_memo = None
             toks = _tokenize(texts, self.stopwords, self._stemmer)
             for i, t in zip(clean, toks):
                 self._put(i, t)
@@ -189,6 +192,7 @@ class LexicalIndex:
     def remove(self, ids: Iterable[int]) -> None:
         """Remove ids; ids not present are ignored."""
         with self._lock:
+            self._slot_memo = None
             for i in ids:
                 i = int(i)
                 if i in self._tokens:
@@ -294,7 +298,18 @@ class LexicalIndex:
 
     # ------------------------------------------------------------------ scoring
     def _slot_scores(self, query: str) -> np.ndarray:
-        """``float64 (n_slots,)`` BM25 scores of every slot (dead slots score 0)."""
+        """``float64 (n_slots,)`` BM25 scores of every slot (dead slots score 0), read-only: the same
+        query scored again before the texts change (a retrieval's ranking, then its hits' figures) is
+        not scored twice."""
+        memo = self._slot_memo
+        if memo is not None and memo[0] == query:
+            return memo[1]
+        out = self._score_slots(query)
+        out.setflags(write=False)
+        self._slot_memo = (query, out)
+        return out
+
+    def _score_slots(self, query: str) -> np.ndarray:
         n = self._n_slots
         out = np.zeros(n, dtype=np.float64)
         N = len(self._tokens)
