@@ -672,7 +672,7 @@ class MemoryStore:
         self,
         prefix: NamespaceLike | None = None,
         *,
-        on_invalid: Callable[[Path, PersistenceError], None] | None = None,
+        on_invalid: Callable[[Path | str, PersistenceError], None] | None = None,
     ) -> list[Namespace]:
         """Namespaces open or stored under ``root_dir`` (with PostgreSQL: those the database holds, and
         open memories of namespaces deleted by another process are forgotten), sorted; only those
@@ -683,19 +683,22 @@ class MemoryStore:
             on_invalid: called with the directory and the error for each namespace directory under
                 ``root_dir`` that cannot be read or whose ``namespace.json`` is unreadable, tampered or
                 names another namespace than the directory stands for (e.g. a copied directory); that
-                directory is then left out. Default ``None``: such a directory raises.
+                directory is then left out. With PostgreSQL: called with a description of each
+                namespace row whose name cannot be read back, left out alike. Default ``None``: such a
+                directory or row raises.
 
         Raises:
             PersistenceError: without ``on_invalid``, a namespace directory that cannot be read or
-                with a tampered or unreadable ``namespace.json``.
+                with a tampered or unreadable ``namespace.json`` (a malformed namespace row).
         """
         pre = normalize_namespace(prefix) if prefix is not None else ()
-        bad: list[tuple[Path, PersistenceError]] = []
+        bad: list[tuple[Path | str, PersistenceError]] = []
         with self._lock:
             found = set(self._mems) | set(self._evicted.keys())
             if self.url is not None:
                 held = {**dict(self._evicted.items()), **self._mems}
-                found = set(self._database().namespaces())
+                keep = None if on_invalid is None else lambda row, e: bad.append((row, e))
+                found = set(self._database().namespaces(keep))
                 for parts in [p for p in held if p not in found]:  # deleted by another process
                     self._forget_stale(parts, held[parts])
             elif self.root_dir is not None and self.root_dir.is_dir():

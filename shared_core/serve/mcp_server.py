@@ -478,10 +478,10 @@ class HierMemTools:
         names = [ns[0] for ns in stored if len(ns) == 1]
         return names if grant is None else [n for n in names if grant.allows(n)]
 
-    def _skip_directory(self, path: Path, error: PersistenceError) -> None:
-        """A namespace directory that cannot be listed (e.g. its ``namespace.json`` names another
-        namespace: a copied or tampered directory): left out of every listing, and logged once (path
-        and reason) for the operator; never shown to a client."""
+    def _skip_directory(self, path: Path | str, error: PersistenceError) -> None:
+        """A namespace directory or PostgreSQL row that cannot be listed (e.g. its ``namespace.json``
+        names another namespace: a copied or tampered directory): left out of every listing, and
+        logged once (path and reason) for the operator; never shown to a client."""
         key = (str(path), str(error))
         with self._probe_lock:
             if key in self._skipped:

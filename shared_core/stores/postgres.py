@@ -368,11 +368,18 @@ class PostgresDatabase(PostgresConnections):
         )
         return row is not None
 
-    def namespaces(self) -> list[Namespace]:
+    def namespaces(
+        self, on_invalid: Callable[[str, PersistenceError], None] | None = None
+    ) -> list[Namespace]:
         """Every namespace that holds a memory, sorted.
 
+        Args:
+            on_invalid: called with a description of the row and the error for each namespace row
+                whose name cannot be read back (a tampered row); that row is then left out. Default
+                ``None``: such a row raises.
+
         Raises:
-            PersistenceError: the database failed or holds a malformed namespace name.
+            PersistenceError: the database failed; without ``on_invalid``, a malformed namespace name.
         """
         rows = self.read(
             lambda cur: cur.execute(
@@ -385,9 +392,10 @@ class PostgresDatabase(PostgresConnections):
             try:
                 out.append(normalize_namespace(json.loads(name)))
             except (TypeError, ValueError, InvalidInputError) as e:
-                raise PersistenceError(
-                    f"{self.location} holds a malformed namespace name {name!r}: {e}"
-                ) from None
+                err = PersistenceError(f"{self.location} holds a malformed namespace name {name!r}: {e}")
+                if on_invalid is None:
+                    raise err from None
+                on_invalid(f"{self.location} namespace row {name!r}", err)
         return sorted(out)
 
     def drop_namespace(self, ns: NamespaceLike) -> bool:

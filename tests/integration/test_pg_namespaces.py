@@ -142,6 +142,22 @@ def test_memory_store_notices_a_namespace_deleted_by_another(pg_url, db):
     b.close()
 
 
+def test_a_malformed_namespace_row_is_skipped_with_on_invalid(pg_url, db):
+    """A tampered namespace row (its name not a namespace) raises without ``on_invalid`` and is reported
+    and left out with it: the other namespaces stay listable (the MCP server's list_namespaces)."""
+    store = _store(pg_url)
+    store.add("alice", "alice likes dogs")
+    store.add("bob", "bob likes travel")
+    tampered = '{"not": "a namespace"}'
+    db.sql("UPDATE hiermem.namespaces SET name = %s WHERE id = %s", (tampered, db.ns_id("bob")))
+    with pytest.raises(pgstore.PersistenceError, match="malformed namespace name"):
+        store.list_namespaces()
+    bad: list[Any] = []
+    assert store.list_namespaces(on_invalid=lambda row, e: bad.append((row, e))) == [("alice",)]
+    assert len(bad) == 1 and "not" in bad[0][0] and isinstance(bad[0][1], pgstore.PersistenceError)
+    store.close()
+
+
 @pytest.mark.parametrize("how", ["retrieve", "aretrieve", "delete", "get"])
 def test_read_of_a_namespace_deleted_elsewhere_is_as_for_one_that_never_existed(pg_url, db, how):
     a, b = _store(pg_url), _store(pg_url)
