@@ -45,6 +45,8 @@ _LATE = re.compile(
     re.IGNORECASE,
 )
 _EARLY = re.compile(r"\b(first|earliest|initially|originally|in the beginning)\b", re.IGNORECASE)
+#: "(participated) in a week ago": ``search_dates`` reads "in a week" (a week ahead) into the expression
+_IN_AGO = re.compile(r"^in\s+(?=.*\bago$)", re.IGNORECASE)
 _DAY = timedelta(days=1)
 
 
@@ -66,14 +68,18 @@ class TimeCue:
         return bool(self.windows) or self.order is not None
 
 
-def _window(expr: str, context: str, when: datetime, now: datetime) -> tuple[datetime, datetime] | None:
+def _parser(now: datetime) -> Any:
+    """``dateparser``'s parser of one expression: English, relative to ``now``, past dates preferred."""
     from dateparser.date import DateDataParser
 
-    period = (
-        DateDataParser(languages=["en"], settings={"RELATIVE_BASE": now, "PREFER_DATES_FROM": "past"})
-        .get_date_data(expr)
-        .period
+    return DateDataParser(
+        languages=["en"],
+        settings={"RELATIVE_BASE": now, "PREFER_DATES_FROM": "past", "RETURN_AS_TIMEZONE_AWARE": False},
     )
+
+
+def _window(expr: str, context: str, when: datetime, now: datetime) -> tuple[datetime, datetime] | None:
+    period = _parser(now).get_date_data(expr).period
     day = datetime.combine(when.date(), datetime.min.time())
     if _SPAN.search(context):
         start, end = day, now
@@ -117,6 +123,9 @@ def time_cue(query: str, now: datetime) -> TimeCue:
     rest = query
     for expr, when in found or []:
         at = query.find(expr)
+        if _IN_AGO.match(expr):  # "in a week ago" is "a week ago"
+            at, expr = at + len(expr) - len(_IN_AGO.sub("", expr)), _IN_AGO.sub("", expr)
+            when = _parser(now).get_date_data(expr).date_obj or when
         context = query[max(0, at - 12) : at + len(expr)] if at >= 0 else expr
         if not _ANCHOR.search(context):
             continue

@@ -43,6 +43,15 @@ def _day(y: int, m: int, d: int) -> tuple[datetime, datetime]:
         # "the past N months": from then until now
         ("Which trips did I take in the past three months?", (datetime(2023, 1, 5), NOW)),
         ("How many films did I watch in the last 3 months?", (datetime(2023, 1, 5), NOW)),
+        # "participated in a week ago": the "in" belongs to the verb, not to "in a week" (ahead)
+        (
+            "What life event did I participate in a week ago?",
+            (datetime(2023, 3, 22), NOW),
+        ),
+        (
+            "What charity event did I participate in a month ago?",
+            (datetime(2023, 3, 1), datetime(2023, 3, 31, 23, 59, 59, 999999)),
+        ),
     ],
 )
 def test_time_expressions_resolve_against_now(query, window):
