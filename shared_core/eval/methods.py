@@ -15,6 +15,7 @@ Method specs (``--methods``, comma-separated):
 * ``segtree:top_down``: one policy (it still shares the ``segtree`` build);
 * ``segtree[relevance=dense,threshold=0.4]:top_down``: constructor options (values parsed as JSON when
   they can be, e.g. numbers and booleans, else kept as strings); options make a separate build;
+  ``time_weight`` and ``order_weight`` (:data:`RETRIEVAL_OPTIONS`) set the memory's time prior;
 * ``flat_dense`` (alias ``dense``), ``bm25`` (English stop words + Snowball stemming),
   ``bm25_unstemmed``, ``hybrid`` (alias ``rrf``: reciprocal-rank fusion of dense and stemmed BM25),
   ``fusion`` (max-normalised convex fusion of ``max(cos, 0)`` and stemmed BM25, what a memory's
@@ -45,6 +46,7 @@ __all__ = [
     "BASELINES",
     "COUNTED_BASELINES",
     "DEFAULT_BASELINES",
+    "RETRIEVAL_OPTIONS",
     "MethodSpec",
     "available_memories",
     "memory_facts",
@@ -72,6 +74,10 @@ fusion, and sessions as documents when evaluated. ``bm25_unstemmed`` is reported
 DEFAULT_BASELINES = ("flat_dense", "bm25", "hybrid", "fusion")
 """The baselines of the ``all`` and ``baselines`` groups (a run with LongMemEval data adds
 ``session_docs``, see :func:`~shared_core.eval.runner.run_eval`)."""
+
+RETRIEVAL_OPTIONS = ("time_weight", "order_weight")
+"""Memory options that are retrieval settings (attributes set on the built memory, weights in
+``[0, 1]``) rather than constructor arguments: ``xmemory[time_weight=0]`` is xMemory time-blind."""
 
 _ALIASES = {"dense": "flat_dense", "flat": "flat_dense", "bm25_stemmed": "bm25", "rrf": "hybrid"}
 
@@ -399,7 +405,7 @@ def memory_facts(spec: MethodSpec, *, memory_llm: bool = False) -> dict[str, Any
     if not spec.is_memory:
         raise InvalidInputError(f"{spec.name!r} is a flat baseline, not a memory.")
     cls = available_memories()[spec.kind]
-    params = dict(spec.params)
+    params = {n: v for n, v in spec.params if n not in RETRIEVAL_OPTIONS}
     try:
         obj = cls(embedder=_ProbeEmbedder(), llm=_ProbeLLM() if memory_llm else None, **params)
     except (HierMemError, TypeError):
@@ -466,6 +472,10 @@ def _make_build(spec: MethodSpec, embedder: Any, llm: Any) -> Any:
         if spec.kind in makers:
             return makers[spec.kind](**params)
         cls = available_memories()[spec.kind]
-        return cls(embedder=embedder, llm=llm, **params)
+        tuned = {n: params.pop(n) for n in RETRIEVAL_OPTIONS if n in params}
+        mem = cls(embedder=embedder, llm=llm, **params)
     except TypeError as e:
         raise InvalidInputError(f"Method {spec.build!r}: bad option ({e}).") from None
+    for name, value in tuned.items():
+        setattr(mem, name, check_weight(value, name))
+    return mem

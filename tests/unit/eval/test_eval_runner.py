@@ -88,6 +88,19 @@ def test_parse_fusion_groups_and_options():
     assert type(obj).__name__ == "FlatFusion" and obj.hybrid_weight == 0.3
 
 
+def test_time_prior_options_are_set_on_the_memory():
+    """``xmemory[time_weight=0]`` is a separate build whose time prior is off; a bad weight is refused
+    when the build is made; the time weight changes nothing of the memory's facts."""
+    (blind,) = R.parse_methods("segtree[time_weight=0,order_weight=0.5]:collapsed")
+    mem = R._make_build(blind, BowEmbedder(), None)
+    assert (mem.time_weight, mem.order_weight) == (0.0, 0.5)
+    assert type(mem).time_weight > 0  # the class default is untouched
+    assert R._make_build(R.parse_methods("segtree:collapsed")[0], BowEmbedder(), None).time_weight > 0
+    assert R.memory_facts(blind) == R.memory_facts(R.parse_methods("segtree:collapsed")[0])
+    with pytest.raises(InvalidInputError, match="time_weight"):
+        R._make_build(R.parse_methods("segtree[time_weight=2]")[0], BowEmbedder(), None)
+
+
 def test_reference_specs_and_added_methods():
     assert R.reference_spec("dense").name == "flat_dense"
     assert R.reference_spec("bm25").name == "bm25"
