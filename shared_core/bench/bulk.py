@@ -131,3 +131,63 @@ def bulk_ingest_workload(
         return doc
     finally:
         torch.set_num_threads(threads)
+
+
+def bulk_markdown(doc: dict[str, Any]) -> str:
+    """The document as a Markdown table: one row per memory, the ratio (and texts embedded) per workload."""
+    names = list(doc["datasets"])
+    kinds = list(dict.fromkeys(k for ds in doc["datasets"].values() for k in ds["results"]))
+    head = (
+        "| memory | " + " | ".join(f"{n} ({doc['datasets'][n]['messages']} messages)" for n in names) + " |"
+    )
+    lines = [
+        "CPU of one `add(messages)` over one `embed(rendered texts)` (x), texts embedded by the add",
+        "",
+        head,
+        "|---|" + "---:|" * len(names),
+    ]
+    for k in kinds:
+        cells = []
+        for n in names:
+            r = doc["datasets"][n]["results"].get(k)
+            cells.append(
+                "—" if r is None or r["ratio"] is None else f"{r['ratio']:.2f}x ({r['embedded_texts']})"
+            )
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_bulk(
+    memories: Sequence[str] | None,
+    data: str | Path,
+    turns: int,
+    out: str | Path,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """:func:`bulk_ingest_workload` on the data root ``data`` (``longmemeval/longmemeval_s_dev.json``,
+    ``locomo/locomo_dev.json`` and ``locomo/locomo_validate.json``, those present), written to
+    ``out/bulk.json`` and ``out/bulk.md``.
+
+    Raises:
+        InvalidInputError: none of those files is present; as :func:`bulk_ingest_workload`.
+    """
+    import json
+
+    root = Path(data)
+    lme = root / "longmemeval" / "longmemeval_s_dev.json"
+    locomo = [
+        p
+        for p in (root / "locomo" / "locomo_dev.json", root / "locomo" / "locomo_validate.json")
+        if p.exists()
+    ]
+    if not lme.exists() and not locomo:
+        raise InvalidInputError(f"No LongMemEval_S or LoCoMo file under {root} (longmemeval/, locomo/).")
+    doc = bulk_ingest_workload(
+        memories, longmemeval=lme if lme.exists() else None, locomo=locomo, turns=turns, progress=progress
+    )
+    doc["settings"]["files"] = [str(p.relative_to(root)) for p in ([lme] if lme.exists() else []) + locomo]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bulk.json").write_text(json.dumps(doc, indent=2))
+    (out / "bulk.md").write_text(bulk_markdown(doc))
+    return doc
