@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.memory import KINDS, CountingEmbedder, make_memory, message_text
+from tests.support.memory import KINDS, CountingEmbedder, SpanEmbedder, make_memory, message_text
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -17,3 +17,16 @@ def test_a_bulk_add_embeds_no_text_twice(kind):
     assert len(emb.seen) == len(set(emb.seen)), [t for t in set(emb.seen) if emb.seen.count(t) > 1][:3]
     assert report.usage.embedded_texts == len(emb.seen)
     assert set(texts) <= set(emb.seen)  # every message embedded, once
+
+
+@pytest.mark.parametrize("kind", ["segtree", "memtree", "hat"])
+def test_the_defaults_embed_a_bulk_add_as_its_messages_once(kind):
+    """With an embedder that pools sentence vectors from the message's pass (the embedded default), the
+    default constructor embeds each message once and nothing else: no sentence, no summary."""
+    emb = SpanEmbedder()
+    mem = make_memory(kind, emb)
+    texts = [message_text(i) for i in range(60)]
+    report = mem.add(texts)
+    assert emb.seen == texts and emb.span_calls == 1
+    assert report.usage.embedded_texts == len(texts)
+    assert len(mem._store) > len(texts)  # summaries were made, composed from the pooled vectors

@@ -23,26 +23,8 @@ from shared_core.models.extractive import (
 )
 from shared_core.models.local import pool_spans
 from shared_core.types import InvalidInputError, UnknownPolicyError
-from tests.support.memory import CountingEmbedder, HashEmbedder
+from tests.support.memory import CountingEmbedder, HashEmbedder, SpanEmbedder
 from tests.support.vectors import check_node_vectors
-
-
-class SpanEmbedder(CountingEmbedder):
-    """CountingEmbedder with ``embed_spans``: a span's vector is the span's text embedded (unit rows)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.span_calls = 0
-
-    def embed_spans(self, texts, spans):
-        self.span_calls += 1
-        vecs = self.embed(texts)
-        parts = []
-        for t, sp in zip(texts, spans):
-            rows = np.stack([self.vector(t[a:b]) for a, b in sp]) if sp else np.zeros((0, self.dim))
-            parts.append(rows / np.linalg.norm(rows, axis=1, keepdims=True))
-        return vecs, parts
-
 
 TEXT = st.text(alphabet=st.sampled_from(list("aB7 .!?\n\t\"'([")), max_size=60)
 
@@ -89,7 +71,8 @@ def test_an_add_embeds_its_message_once(cls):
 
 def test_embedded_sentence_vectors_embed_each_sentence_alone():
     emb = SpanEmbedder()
-    mem = SegTreeMem(embedder=emb, annotation_vectors="composed")  # the default: sentences embedded alone
+    embedded = ExtractiveSummarizer(emb)  # the summariser's default: sentences embedded alone
+    mem = SegTreeMem(embedder=emb, summarizer=embedded, annotation_vectors="composed")
     assert mem.summarizer.sentence_vectors == "embedded"
     texts = [f"Note {i} about dogs. It was long! More on dogs later." for i in range(6)]
     for t in texts:
@@ -108,9 +91,9 @@ def test_defaults_per_memory():
         for c in (SegTreeMem, MemTree, HAT, XMemory)
     }
     assert got == {
-        "SegTreeMem": ("embedded", "embedded"),
-        "MemTree": ("embedded", "embedded"),
-        "HAT": ("embedded", "composed"),
+        "SegTreeMem": ("pooled", "composed"),
+        "MemTree": ("pooled", "composed"),
+        "HAT": ("pooled", "composed"),
         "XMemory": ("pooled", "composed"),
     }
     assert ExtractiveSummarizer(emb).sentence_vectors == "embedded"
