@@ -268,14 +268,19 @@ class ExtractiveSummarizer:
             texts = [t for t in dict.fromkeys(texts) if any(s not in self._cache for s in split_sentences(t))]
         if not texts:
             return Usage()
-        spans = self.spans(texts)
         embed_spans = getattr(self.embedder, "embed_spans", None)
-        if spans is None or not callable(embed_spans):
+        if self.sentence_vectors != "pooled" or not callable(embed_spans):
             return self._vectors([s for t in texts for s in split_sentences(t)])[1]
-        t0 = time.perf_counter()
-        vecs, parts = call_embedder(self.embedder, embed_spans, texts, spans)
-        usage = Usage(embed_calls=1, embedded_texts=len(texts), seconds=time.perf_counter() - t0)
-        self.seed(texts, unit_embeddings(vecs, len(texts), None), parts)
+        # a text with a sentence cached has been pooled already (by the memory's embedding of it, which
+        # seeds): only its sentences past the model's input length are missing, embedded alone below
+        with self._lock:
+            fresh = [t for t in texts if not any(s in self._cache for s in split_sentences(t))]
+        usage = Usage()
+        if fresh:
+            t0 = time.perf_counter()
+            vecs, parts = call_embedder(self.embedder, embed_spans, fresh, self.spans(fresh))
+            usage = Usage(embed_calls=1, embedded_texts=len(fresh), seconds=time.perf_counter() - t0)
+            self.seed(fresh, unit_embeddings(vecs, len(fresh), None), parts)
         return usage + self._vectors([s for t in texts for s in split_sentences(t)])[1]
 
     def seed(
