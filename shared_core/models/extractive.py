@@ -23,6 +23,7 @@ __all__ = [
     "ExtractiveSummarizer",
     "SummaryPool",
     "has_content",
+    "join_sentences",
     "sentence_spans",
     "split_sentences",
 ]
@@ -78,6 +79,22 @@ def split_sentences(text: str) -> list[str]:
     return [text[a:b] for a, b in sentence_spans(text)]
 
 
+_STARTS_SENTENCE = re.compile(r"[\"'(\[]?[A-Z0-9]")
+
+
+def join_sentences(sentences: Sequence[str]) -> str:
+    """Sentences joined into one text that :func:`split_sentences` splits back into them: by a space
+    where that splits (after ``.``/``!``/``?`` and before a capital or digit), else by a newline (after a
+    list item without a full stop, before a lower-case ``"user: ..."``), so a summary of summaries draws
+    on the sentences the summaries were made of (and their vectors) instead of new run-on ones."""
+    out: list[str] = []
+    for s in sentences:
+        if out:
+            out.append(" " if out[-1][-1:] in ".!?" and _STARTS_SENTENCE.match(s) else "\n")
+        out.append(s)
+    return "".join(out)
+
+
 def _word_char(c: str) -> bool:
     return c.isalnum() or c == "_"
 
@@ -107,7 +124,8 @@ class ExtractiveSummarizer:
     is embedded once in the memory's life); the centroid is the mean of the children's mean sentence
     vectors (each child weighs the same); sentences are taken greedily by cosine to the centroid,
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
-    returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
+    returned in their original order, joined by :func:`join_sentences` (so that they split back into
+    themselves). One embedding call per ``summarize`` at most.
     Cosines are exactly rounded (:func:`~shared_core.search.index.inner_products`), the same on every CPU. A
     caller whose children change only at the right end keeps a :meth:`pool` per node instead and pays
     for the changed child only (SegTreeMem's frontier does).
@@ -381,7 +399,7 @@ class ExtractiveSummarizer:
         return SummaryPool(self)
 
     def _fit(self, sentences: list[str]) -> str:
-        text = " ".join(sentences)
+        text = join_sentences(sentences)
         if len(text) <= self.max_chars:
             return text
         cut = text[: self.max_chars - 1]
@@ -610,4 +628,4 @@ class SummaryPool:
         if not chosen:
             return sm._fit([self._sentences[first]]), usage
         chosen.sort()
-        return " ".join(self._sentences[i] for i in chosen), usage
+        return join_sentences([self._sentences[i] for i in chosen]), usage

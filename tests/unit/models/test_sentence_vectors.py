@@ -18,6 +18,7 @@ from shared_core.eval.runner import CachingEmbedder
 from shared_core.models.extractive import (
     _SENT_RE,
     ExtractiveSummarizer,
+    join_sentences,
     sentence_spans,
     split_sentences,
 )
@@ -192,3 +193,23 @@ def test_xmemory_theme_summaries_reuse_their_facts_vectors(tmp_path):
     assert not any(t in emb.seen for t in facts)
     for th in (n for n in x._store.nodes.values() if n.level == THEME):
         assert np.allclose(x._index.get([th.id])[0], y._index.get([th.id])[0], atol=1e-6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TEXT, max_size=6))
+def test_joined_sentences_split_back_into_themselves(texts):
+    sentences = [s for t in texts for s in split_sentences(t)]
+    assert split_sentences(join_sentences(sentences)) == sentences
+
+
+def test_a_summary_of_summaries_embeds_no_run_on_sentence():
+    """Unpunctuated list items and lower-case turns joined in a summary split back into themselves, so a
+    parent's summary needs no vector of a sentence that no message holds."""
+    emb = CountingEmbedder()
+    s = ExtractiveSummarizer(emb, max_chars=80)
+    kids = [
+        ["user: what to pack for the trip\nwarm socks and boots", "assistant: Take a coat?\nuser: yes do"],
+        ["user: which train to take\nthe early one", "assistant: Book seats?\nuser: yes two seats"],
+    ]
+    s.summarize([s.summarize(k)[0] for k in kids])
+    assert set(emb.seen) <= {x for k in kids for t in k for x in split_sentences(t)}
