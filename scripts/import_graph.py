@@ -7,7 +7,7 @@ The layers (bottom first; a module may import its own layer and the ones below):
 ====  =====================  ==============================================================================
 rank  layer                  modules
 ====  =====================  ==============================================================================
-0     ground                 ``shared_core.types``, ``arrays``, ``scores``, ``_compat``
+0     ground                 ``shared_core.types``, ``arrays``, ``scores``, ``_compat``, ``progress``
 1     prompts                ``shared_core.prompts``
 2     models                 ``shared_core.models``
 3     tree                   ``shared_core.tree``
@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, int, str], ...] = (
     ("shared_core.arrays", 0, "ground"),
     ("shared_core.scores", 0, "ground"),
     ("shared_core._compat", 0, "ground"),
+    ("shared_core.progress", 0, "ground"),
     ("shared_core.prompts", 1, "prompts"),
     ("shared_core.models", 2, "models"),
     ("shared_core.tree", 3, "tree"),

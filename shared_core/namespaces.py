@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from .memories.base import HierarchicalMemory
 from .memories.management import check_listing
+from .progress import ProgressLike, check_progress
 from .stores import is_postgres_url
 from .stores.base import Store
 from .stores.namespace import (
@@ -585,22 +586,28 @@ class MemoryStore:
 
     # ------------------------------------------------------------------ per-namespace operations
     def add(
-        self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike], *, upsert: bool = False
+        self,
+        ns: NamespaceLike,
+        items: MessageLike | Iterable[MessageLike],
+        *,
+        upsert: bool = False,
+        progress: ProgressLike = None,
     ) -> AddReport:
         """Add messages to the memory of ``ns`` (created on first use); ``upsert=True`` replaces the
-        stored message of an id the namespace holds. See ``HierarchicalMemory.add``.
+        stored message of an id the namespace holds. See ``HierarchicalMemory.add`` (``progress`` too).
 
         Raises:
             DuplicateIdError: an id the namespace already holds (without ``upsert``), or twice in ``items``.
         """
-        report: AddReport = self._call(ns, lambda mem: mem.add(items, upsert=upsert), create=True)
+        p = check_progress(progress)  # checked before a namespace is created
+        report: AddReport = self._call(ns, lambda m: m.add(items, upsert=upsert, progress=p), create=True)
         return report
 
     async def aadd(
-        self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike], *, upsert: bool = False
+        self, ns: NamespaceLike, items: MessageLike | Iterable[MessageLike], **kw: Any
     ) -> AddReport:
-        """Async :meth:`add` (in a worker thread)."""
-        return await asyncio.to_thread(partial(self.add, ns, items, upsert=upsert))
+        """Async :meth:`add` (in a worker thread), with its keyword arguments (``upsert``, ``progress``)."""
+        return await asyncio.to_thread(partial(self.add, ns, items, **kw))
 
     def retrieve(
         self, ns: NamespaceLike, query: str, k: int | None = None, policy: str | None = None, **kw: Any

@@ -121,6 +121,14 @@ def bench_command(
         help="With --ingest: comma-separated annotation_vectors runs: default (the constructor without "
         "options), composed, embedded.",
     ),
+    bulk: bool = typer.Option(
+        False,
+        "--bulk",
+        help="Run ONLY the bulk ingest workload: one add of the first LongMemEval_S dev haystack and one of "
+        "the first --bulk-turns LoCoMo dev+validate turns ($HIERMEM_DATA or ../shared/data), CPU over one "
+        "embed of the same texts per memory. Writes bulk.json and bulk.md.",
+    ),
+    bulk_turns: int = typer.Option(2000, "--bulk-turns", min=1, help="With --bulk: LoCoMo turns."),
     llm_cost: bool = typer.Option(
         False,
         "--llm-cost",
@@ -164,6 +172,9 @@ def bench_command(
         return
     if postgres is not None:
         _process_bench(postgres, processes, 50 if messages is None else messages, retrieves, memories, out)
+        return
+    if bulk:
+        _bulk_bench(memories, bulk_turns, out)
         return
     if llm_cost:
         _llm_cost_bench(memories, messages, queries, price_in, price_out, tokenizer, out)
@@ -293,6 +304,23 @@ def _llm_cost_bench(
             raise _fail(e) from None
     _console.print(render_llm_cost_markdown(doc), soft_wrap=True, markup=False, highlight=False)
     _console.print(f"wrote {out / 'llm_cost.json'}, {out / 'llm_cost.md'}")
+
+
+def _bulk_bench(memories: str, turns: int, out: Path) -> None:
+    """``hiermem bench --bulk``: the bulk ingest workload (:mod:`shared_core.bench.bulk`) into ``out``."""
+    from ..eval.protocol import default_data_root
+    from .bulk import bulk_markdown, run_bulk
+
+    mems = (
+        None if memories.strip().lower() == "all" else [m.strip() for m in memories.split(",") if m.strip()]
+    )
+    with _progress_bars() as progress:
+        try:
+            doc = run_bulk(mems, default_data_root(), turns, out, progress)
+        except HierMemError as e:
+            raise _fail(e) from None
+    _console.print(bulk_markdown(doc))
+    _console.print(f"wrote {out / 'bulk.json'}, {out / 'bulk.md'}")
 
 
 def _print_workloads_summary(doc: dict[str, Any]) -> None:

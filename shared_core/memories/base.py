@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from ..models.base import LLM, Embedder, Summarizer
+from ..progress import ProgressLike, check_progress, progress_reporter
 from ..search.ann import NeighbourSearch
 from ..search.filters import message_filter
 from ..search.index import NodeIndex
@@ -281,6 +282,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
         *,
         upsert: bool = False,
         allow_duplicate_ids: bool = False,
+        progress: ProgressLike = None,
     ) -> AddReport:
         """Add messages in order.
 
@@ -290,6 +292,10 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
                 one added, at the end, in the same transaction), default ``False``: refuse it.
             allow_duplicate_ids: keep several messages under one id (a caller that stores one record as
                 several messages, as the LangGraph store does), default ``False``; not with ``upsert``.
+            progress: ``None`` (default): no output; ``True``: a progress bar on standard error (messages
+                inserted, rate, time left) when it is a terminal; a callable ``progress(done, total)``:
+                called with the messages inserted so far (never decreasing, up to ``total``) and the
+                number in the call (:mod:`shared_core.progress`).
 
         Returns:
             :class:`AddReport` with the new leaf ids, per-message details and the model usage of this
@@ -298,7 +304,8 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
         Raises:
             InvalidInputError: ``None``, empty or whitespace-only text, a non-string item (bytes too), a
                 text longer than :attr:`max_message_chars`, a field or metadata over its limit or of
-                the wrong type (see the class), a lone surrogate, or metadata that is not JSON.
+                the wrong type (see the class), a lone surrogate, metadata that is not JSON, or a
+                ``progress`` that is not ``None``, a bool or a callable.
             DuplicateIdError: an id twice in the call, or (without ``upsert``) one already stored.
             MemoryClosedError: the memory was closed.
             EmbeddingError: the embedder returned the wrong shape, NaN, or a zero or overflowing vector.
@@ -311,6 +318,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
             raise InvalidInputError(
                 "upsert=True replaces the message of an id; not with allow_duplicate_ids."
             )
+        progress = check_progress(progress)
         messages = as_messages(items)
         for i, m in enumerate(messages):
             check_message(m, self.max_message_chars, i)
@@ -327,19 +335,26 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
             for m in messages:
                 report.details.append(self._insert(m, report.usage))
                 report.leaf_ids.append(self._store.leaf_at[self._store.n_inserted - 1])
+                tick(len(report.leaf_ids))
             # new leaves first: their sentences' vectors come with them, before any summary is made
             self._embed_pending(report.usage, leaves_only=True)
             self._before_commit(report.usage)
             self._embed_pending(report.usage)
 
-        with self._lock:
+        with self._lock, progress_reporter(progress, len(messages)) as tick:
             self._transaction(report.usage, insert)
             self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
 
-    async def aadd(self, items: MessageLike | Iterable[MessageLike], *, upsert: bool = False) -> AddReport:
+    async def aadd(
+        self,
+        items: MessageLike | Iterable[MessageLike],
+        *,
+        upsert: bool = False,
+        progress: ProgressLike = None,
+    ) -> AddReport:
         """Async :meth:`add`: runs in a worker thread so the event loop is never blocked."""
-        return await asyncio.to_thread(self.add, items, upsert=upsert)
+        return await asyncio.to_thread(self.add, items, upsert=upsert, progress=progress)
 
     def delete(self, key: int | str) -> int:
         """Forget a leaf (by node id or by the caller's source id) or a whole subtree (internal node id).

@@ -203,6 +203,7 @@ class HAT(HATSearch, MemoryAgent, HierarchicalMemory):
     #: saves made before these options existed retrieve as they did (``search_steps``: their
     #: ``max_steps``, see :meth:`stored_config`)
     default_annotation_vectors: ClassVar[str] = "composed"
+    default_sentence_vectors: ClassVar[str] = "pooled"
     legacy_config: ClassVar[dict[str, Any]] = {
         "relevance": "dense",
         "hybrid_weight": 0.5,

@@ -117,8 +117,11 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     fan-outs stay at most ``branching``. ``max_depth`` wins over the bound (a node at the depth cap takes
     the leaf). ``branching=None`` is the paper's rule; saves made before this option load with it.
 
-    **Departure: a path summary is embedded again only when its text has drifted** (``reembed_cosine``,
-    default 0.95; the paper embeds every rewritten summary, Sec. 3.1). With the extractive aggregate a
+    **Departure: summary vectors are composed** (``annotation_vectors="composed"``, the default: the mean of
+    the summary's sentences' vectors, pooled from their messages' forward pass; docs/performance.md, "Bulk
+    add"). **With ``annotation_vectors="embedded"``, a path summary is embedded again only when its text
+    has drifted** (``reembed_cosine``, default 0.95; the paper embeds every rewritten summary, Sec. 3.1).
+    With the extractive aggregate a
     rewritten summary whose composed vector (mean of its sentences' cached vectors) keeps a cosine of at
     least ``reembed_cosine`` with that of the text it was last embedded with gets that embedding moved by
     the change of the composed vector, ``normalise(e_a + c - c_a)``
@@ -154,9 +157,10 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
             ``"bm25"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, in ``[0, 1]``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
-            :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"embedded"`` (the
-            paper's). ``"composed"`` embeds about half as much per add but retrieves worse
-            (``docs/evaluation.md``, "Summary vectors: composed or embedded").
+            :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"composed"``
+            from sentence vectors pooled from their message's forward pass, so an add costs about one
+            embedding of its messages; ``"embedded"`` is the paper's (and saves made before
+            the default changed keep it). docs/performance.md, "Bulk add".
         alpha: ``top_down`` propagation decay in ``[0, 1)``, default 0.1 (SegTreeMem's, the paper's
             value).
         horizon: ``top_down`` propagation horizon ``H >= 0``, default 2 (SegTreeMem's default).
@@ -190,7 +194,8 @@ class MemTree(AnchoredSummaryVectors, RouteCache, HierarchicalMemory):
     default_policy = "collapsed"
     tree_policy: ClassVar[str | None] = "top_down"
     default_relevance = "hybrid"
-    default_annotation_vectors: ClassVar[str] = "embedded"
+    default_annotation_vectors: ClassVar[str] = "composed"
+    default_sentence_vectors: ClassVar[str] = "pooled"
     legacy_config = {  # saves made before these options existed retrieve as they did
         "relevance": "dense",
         "hybrid_weight": 0.5,

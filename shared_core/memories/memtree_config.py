@@ -210,6 +210,7 @@ def module_arguments(
     kwargs.setdefault("admissible", "all")
     kwargs.setdefault("branching", None)  # the paper's insertion
     kwargs.setdefault("reembed_cosine", None)  # the paper's: every rewritten summary embedded
+    kwargs.setdefault("annotation_vectors", "embedded")
     return {
         "embedder": embedder,
         "k": top,

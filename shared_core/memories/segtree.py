@@ -102,9 +102,10 @@ class SegTreeMem(HierarchicalMemory):
         relevance: local relevance ``R(q, A(v))``: ``"dense"`` (the paper), ``"bm25"`` or ``"hybrid"``.
         hybrid_weight: weight of the dense part of ``"hybrid"``, default 0.5.
         annotation_vectors: ``"composed"`` or ``"embedded"``: how a summary's vector is made (see
-            :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"embedded"`` (the
-            paper's). ``"composed"`` embeds about half as much per add but retrieves worse
-            (``docs/evaluation.md``, "Summary vectors: composed or embedded").
+            :class:`~shared_core.memories.base.HierarchicalMemory`); default ``None`` = ``"composed"``
+            from sentence vectors pooled from their message's forward pass, so an add costs about one
+            embedding of its messages; ``"embedded"`` is the paper's (and saves made before
+            the default changed keep it). docs/performance.md, "Bulk add".
         admissible: the admissible set ``𝒢`` of retrieval, ``"all"`` nodes or ``"leaves"`` (default).
         top_down_weights: how ``top_down`` moves a parent's score to its children: ``"share"`` splits it
             equally (the paper's column-normalised ``W_P``) and ``"inherit"`` (default) gives every child
@@ -162,7 +163,8 @@ class SegTreeMem(HierarchicalMemory):
     #: saves made before ``branching`` existed put every dissimilar utterance under a new root, those
     #: made before ``max_children`` existed bound no segment, and those made before ``policy`` existed
     #: retrieve with ``top_down``
-    default_annotation_vectors: ClassVar[str] = "embedded"
+    default_annotation_vectors: ClassVar[str] = "composed"
+    default_sentence_vectors: ClassVar[str] = "pooled"
     legacy_config: ClassVar[dict[str, Any]] = {
         "branching": None,
         "max_children": None,

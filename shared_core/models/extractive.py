@@ -23,6 +23,7 @@ __all__ = [
     "ExtractiveSummarizer",
     "SummaryPool",
     "has_content",
+    "join_sentences",
     "sentence_spans",
     "split_sentences",
 ]
@@ -78,6 +79,22 @@ def split_sentences(text: str) -> list[str]:
     return [text[a:b] for a, b in sentence_spans(text)]
 
 
+_STARTS_SENTENCE = re.compile(r"[\"'(\[]?[A-Z0-9]")
+
+
+def join_sentences(sentences: Sequence[str]) -> str:
+    """Sentences joined into one text that :func:`split_sentences` splits back into them: by a space
+    where that splits (after ``.``/``!``/``?`` and before a capital or digit), else by a newline (after a
+    list item without a full stop, before a lower-case ``"user: ..."``), so a summary of summaries draws
+    on the sentences the summaries were made of (and their vectors) instead of new run-on ones."""
+    out: list[str] = []
+    for s in sentences:
+        if out:
+            out.append(" " if out[-1][-1:] in ".!?" and _STARTS_SENTENCE.match(s) else "\n")
+        out.append(s)
+    return "".join(out)
+
+
 def _word_char(c: str) -> bool:
     return c.isalnum() or c == "_"
 
@@ -107,7 +124,8 @@ class ExtractiveSummarizer:
     is embedded once in the memory's life); the centroid is the mean of the children's mean sentence
     vectors (each child weighs the same); sentences are taken greedily by cosine to the centroid,
     skipping exact repeats, while the summary stays within ``max_chars``; the chosen sentences are
-    returned in their original order, joined by spaces. One embedding call per ``summarize`` at most.
+    returned in their original order, joined by :func:`join_sentences` (so that they split back into
+    themselves). One embedding call per ``summarize`` at most.
     Cosines are exactly rounded (:func:`~shared_core.search.index.inner_products`), the same on every CPU. A
     caller whose children change only at the right end keeps a :meth:`pool` per node instead and pays
     for the changed child only (SegTreeMem's frontier does).
@@ -268,14 +286,19 @@ class ExtractiveSummarizer:
             texts = [t for t in dict.fromkeys(texts) if any(s not in self._cache for s in split_sentences(t))]
         if not texts:
             return Usage()
-        spans = self.spans(texts)
         embed_spans = getattr(self.embedder, "embed_spans", None)
-        if spans is None or not callable(embed_spans):
+        if self.sentence_vectors != "pooled" or not callable(embed_spans):
             return self._vectors([s for t in texts for s in split_sentences(t)])[1]
-        t0 = time.perf_counter()
-        vecs, parts = call_embedder(self.embedder, embed_spans, texts, spans)
-        usage = Usage(embed_calls=1, embedded_texts=len(texts), seconds=time.perf_counter() - t0)
-        self.seed(texts, unit_embeddings(vecs, len(texts), None), parts)
+        # a text with a sentence cached has been pooled already (by the memory's embedding of it, which
+        # seeds): only its sentences past the model's input length are missing, embedded alone below
+        with self._lock:
+            fresh = [t for t in texts if not any(s in self._cache for s in split_sentences(t))]
+        usage = Usage()
+        if fresh:
+            t0 = time.perf_counter()
+            vecs, parts = call_embedder(self.embedder, embed_spans, fresh, self.spans(fresh))
+            usage = Usage(embed_calls=1, embedded_texts=len(fresh), seconds=time.perf_counter() - t0)
+            self.seed(fresh, unit_embeddings(vecs, len(fresh), None), parts)
         return usage + self._vectors([s for t in texts for s in split_sentences(t)])[1]
 
     def seed(
@@ -376,7 +399,7 @@ class ExtractiveSummarizer:
         return SummaryPool(self)
 
     def _fit(self, sentences: list[str]) -> str:
-        text = " ".join(sentences)
+        text = join_sentences(sentences)
         if len(text) <= self.max_chars:
             return text
         cut = text[: self.max_chars - 1]
@@ -605,4 +628,4 @@ class SummaryPool:
         if not chosen:
             return sm._fit([self._sentences[first]]), usage
         chosen.sort()
-        return " ".join(self._sentences[i] for i in chosen), usage
+        return join_sentences([self._sentences[i] for i in chosen]), usage

@@ -192,5 +192,22 @@ class CountingEmbedder(HashEmbedder):
         return super().embed(texts)
 
 
+class SpanEmbedder(CountingEmbedder):
+    """CountingEmbedder with ``embed_spans``: a span's vector is the span's text embedded (unit rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.span_calls = 0
+
+    def embed_spans(self, texts, spans):
+        self.span_calls += 1
+        vecs = self.embed(texts)
+        parts = []
+        for t, sp in zip(texts, spans):
+            rows = np.stack([self.vector(t[a:b]) for a, b in sp]) if sp else np.zeros((0, self.dim))
+            parts.append(rows / np.linalg.norm(rows, axis=1, keepdims=True))
+        return vecs, parts
+
+
 def open_memory(kind: str, path: Path) -> HierarchicalMemory:
     return memory_class(kind).open(path, embedder=HashEmbedder())

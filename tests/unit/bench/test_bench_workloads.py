@@ -101,18 +101,18 @@ def test_conversation_markdown_and_files(conversation_doc, tmp_path):
 
 def test_ingest_document():
     doc = W.run_workloads(
-        ingest=True, memories=["hat", "segtree"], turns=5, modes=["default", "composed"], isolate=False
+        ingest=True, memories=["hat", "segtree"], turns=5, modes=["default", "embedded"], isolate=False
     )
     ing = doc["ingest"]
     assert "conversation" not in doc and ing["settings"]["torch_threads"] == 1
     ds = ing["datasets"]["realmem excerpt"]
     assert list(ing["datasets"]) == ["realmem excerpt"] and ds["turns"] == 5 and ds["mean_chars"] > 0
     assert list(ds["results"]) == ["hat", "segtree"]
-    assert list(ds["results"]["hat"]) == ["composed"]  # HAT's default: run once
+    assert list(ds["results"]["hat"]) == ["composed", "embedded"]
     assert ds["results"]["hat"]["composed"]["default"] is True
     assert {m: v["default"] for m, v in ds["results"]["segtree"].items()} == {
-        "embedded": True,
-        "composed": False,
+        "composed": True,  # the default, then the other mode
+        "embedded": False,
     }
     for by_mode in ds["results"].values():
         for v in by_mode.values():
@@ -120,7 +120,7 @@ def test_ingest_document():
                 v["leaves"] == 5 and v["embedded_texts_per_message"] >= 1 and v["embed_calls_per_message"] > 0
             )
             assert v["ratio"] == pytest.approx(v["cpu_ms_per_message"] / v["embed_cpu_ms_per_message"])
-    assert "| realmem excerpt | segtree | embedded * |" in W.render_workloads_markdown(doc)
+    assert "| realmem excerpt | segtree | composed * |" in W.render_workloads_markdown(doc)
 
 
 @pytest.mark.parametrize(

@@ -319,8 +319,8 @@ def secret(i: int, j: int) -> str:
 
 
 def sentences_come_from(text: str, sources: list[str]) -> bool:
-    """``text`` is sentences of ``sources`` joined by spaces, as an extractive summary is (the last one
-    may be cut at a word and end in "…")."""
+    """``text`` is sentences of ``sources`` joined by spaces or newlines, as an extractive summary is (the
+    last one may be cut at a word and end in "…")."""
     sents = {x for src in sources for x in split_sentences(src)}
     cut = text.endswith("…")
     body = text[:-1].rstrip() if cut else text
@@ -334,7 +334,7 @@ def sentences_come_from(text: str, sources: list[str]) -> bool:
             return True
         for x in sents:
             q = p + len(x)
-            if body.startswith(x, p) and (q == len(body) or body[q] == " "):
+            if body.startswith(x, p) and (q == len(body) or body[q] in " \n"):
                 todo.append(min(q + 1, len(body)))
     return False
 

@@ -68,7 +68,9 @@ def three_about_dogs(mem: MemTree) -> int:
 
 def test_a_rewritten_summary_within_the_cosine_is_moved_not_embedded():
     emb = RecordingEmbedder()
-    mem = MemTree(emb, base_threshold=-1.0, summary_chars=600, reembed_cosine=0.01)
+    mem = MemTree(
+        emb, base_threshold=-1.0, summary_chars=600, reembed_cosine=0.01, annotation_vectors="embedded"
+    )
     summary = three_about_dogs(mem)
     node = mem._store.nodes[summary]
     # the first two messages fit the budget: the summary they made was their concatenation
@@ -86,7 +88,9 @@ def test_a_rewritten_summary_within_the_cosine_is_moved_not_embedded():
 @pytest.mark.parametrize("cosine", [None, 1.0])
 def test_the_papers_rule_embeds_every_rewritten_summary(cosine):
     emb = RecordingEmbedder()
-    mem = MemTree(emb, base_threshold=-1.0, summary_chars=600, reembed_cosine=cosine)
+    mem = MemTree(
+        emb, base_threshold=-1.0, summary_chars=600, reembed_cosine=cosine, annotation_vectors="embedded"
+    )
     summary = three_about_dogs(mem)
     text = mem._store.nodes[summary].text
     assert text in emb.seen
@@ -127,7 +131,9 @@ def check_anchored(mem: MemTree, emb: RecordingEmbedder) -> None:
 )
 def test_every_vector_is_embedded_or_moved_from_an_embedded_anchor(adds, deletes, cosine, chars):
     emb = RecordingEmbedder()
-    mem = MemTree(emb, base_threshold=0.1, summary_chars=chars, reembed_cosine=cosine)
+    mem = MemTree(
+        emb, base_threshold=0.1, summary_chars=chars, reembed_cosine=cosine, annotation_vectors="embedded"
+    )
     for i, k in enumerate(adds):
         mem.add(Message(message_text(k), id=f"m{i}"))
     check_anchored(mem, emb)
@@ -151,7 +157,9 @@ def test_every_vector_is_embedded_or_moved_from_an_embedded_anchor(adds, deletes
 
 def test_a_failed_add_leaves_the_tree_and_drops_the_anchors():
     emb = RecordingEmbedder()
-    mem = MemTree(emb, base_threshold=-1.0, summary_chars=600, reembed_cosine=0.01)
+    mem = MemTree(
+        emb, base_threshold=-1.0, summary_chars=600, reembed_cosine=0.01, annotation_vectors="embedded"
+    )
     summary = three_about_dogs(mem)
     assert summary in mem._anchors
     before = mem.to_dict()

@@ -333,10 +333,11 @@ def test_algorithm1_worked_by_hand():
     assert got == expected
     assert mem.frontier() == [10, 11, 11, 9]
     # annotations: single-child nodes copy their child; others summarise their children in order
-    assert st_.nodes[11].text == f"{texts[5]} {texts[6]}"
-    assert st_.nodes[6].text == f"{texts[2]} {texts[3]}"
-    assert st_.nodes[4].text == " ".join(texts[:5])
-    assert st_.nodes[9].text == " ".join(texts)
+    # (joined by newlines: a lower-case "topic..." after a full stop starts no sentence when spaced)
+    assert st_.nodes[11].text == f"{texts[5]}\n{texts[6]}"
+    assert st_.nodes[6].text == f"{texts[2]}\n{texts[3]}"
+    assert st_.nodes[4].text == "\n".join(texts[:5])
+    assert st_.nodes[9].text == "\n".join(texts)
     check_invariants(mem, texts)
     s = mem.stats()
     assert (s["nodes"], s["leaves"], s["internal_nodes"], s["height"]) == (12, 7, 5, 4)
@@ -517,8 +518,8 @@ def test_new_segments_worked_by_hand():
     assert st_.root == 14
     assert {i: (n.parent, n.children, n.level, n.span) for i, n in st_.nodes.items()} == expected
     assert mem.frontier() == [15, 15, 16, 16, 14]
-    assert st_.nodes[10].text == "topic3 e. topic4 f. topic4 g."  # a group of two segments
-    assert st_.nodes[16].text == "topic5 h. topic6 i."
+    assert st_.nodes[10].text == "topic3 e.\ntopic4 f.\ntopic4 g."  # a group of two segments
+    assert st_.nodes[16].text == "topic5 h.\ntopic6 i."
     check_invariants(mem, texts)
     s = mem.stats()
     assert (s["height"], s["nodes"], s["tree_nodes"], s["implicit_chain_nodes"]) == (5, 17, 21, 4)
@@ -960,7 +961,9 @@ def test_figure3_all_relevances_zero_gives_uniform_start(figure3):
 
 
 def _build(embedder, **kw) -> SegTreeMem:
-    mem = SegTreeMem(embedder=embedder, relevance="dense", summary_chars=60, **kw)
+    mem = SegTreeMem(
+        embedder=embedder, relevance="dense", summary_chars=60, annotation_vectors="embedded", **kw
+    )
     mem.add([Message(f"topic{i % 3} early {i}. More words here {i}.", id=f"e{i}") for i in range(5)])
     return mem
 
@@ -1007,7 +1010,7 @@ def test_failing_embedder_leaves_memory_unchanged():
 
 def test_failing_first_add_leaves_memory_empty():
     emb = FailingEmbedder(fail_on=2)
-    mem = SegTreeMem(embedder=emb, relevance="dense")
+    mem = SegTreeMem(embedder=emb, relevance="dense", annotation_vectors="embedded")
     empty = mem.to_dict()
     with pytest.raises(RuntimeError):
         mem.add(["topic1 a.", "topic1 b.", "topic2 c."])
@@ -1106,7 +1109,7 @@ def test_inconsistent_widths_inside_the_first_add_raise_embedding_error():
             out = super().embed(texts)
             return out if self.calls == 1 else out[:, :5]
 
-    mem = SegTreeMem(embedder=Shrinking(), relevance="dense")
+    mem = SegTreeMem(embedder=Shrinking(), relevance="dense", annotation_vectors="embedded")
     empty = mem.to_dict()
     with pytest.raises(EmbeddingError):
         mem.add(["topic1 a.", "topic2 b.", "topic3 c."])

@@ -287,7 +287,9 @@ def _scored_rows_per_insert(mem: SegTreeMem, first: int, n: int, monkeypatch: py
 
 
 def test_max_children_bounds_a_segment_and_the_sentences_scored_per_insert(monkeypatch):
-    mem = SegTreeMem(embedder=TopicEmbedder(), summary_chars=200, max_children=16)
+    mem = SegTreeMem(
+        embedder=TopicEmbedder(), summary_chars=200, max_children=16, annotation_vectors="embedded"
+    )
     for i in range(400):
         mem.add(_utterance(i, 1, 6))
     nodes = mem._store.nodes.values()

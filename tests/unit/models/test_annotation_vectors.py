@@ -70,9 +70,9 @@ def test_an_add_embeds_only_its_message(cls):
 def test_choices_defaults_and_old_saves(tmp_path):
     with pytest.raises(UnknownPolicyError, match="annotation_vectors"):
         SegTreeMem(embedder=HashEmbedder(), annotation_vectors="mean")  # type: ignore[arg-type]
-    # defaults: composed where it retrieves as well as the papers' embedded vectors (HAT, xMemory)
+    # defaults: composed, which retrieves as well as the papers' embedded vectors (docs/performance.md)
     defaults = {k: make_memory(k).annotation_vectors for k in ("segtree", "memtree", "hat", "xmemory")}
-    assert defaults == dict(segtree="embedded", memtree="embedded", hat="composed", xmemory="composed")
+    assert defaults == dict(segtree="composed", memtree="composed", hat="composed", xmemory="composed")
     x = make_memory("xmemory")
     x_old = {k: v for k, v in x._config().items() if k != "annotation_vectors"}
     assert type(x).stored_config(x_old)["annotation_vectors"] == "embedded"  # an xMemory saved before

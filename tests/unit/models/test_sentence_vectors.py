@@ -18,31 +18,14 @@ from shared_core.eval.runner import CachingEmbedder
 from shared_core.models.extractive import (
     _SENT_RE,
     ExtractiveSummarizer,
+    join_sentences,
     sentence_spans,
     split_sentences,
 )
 from shared_core.models.local import pool_spans
 from shared_core.types import InvalidInputError, UnknownPolicyError
-from tests.support.memory import CountingEmbedder, HashEmbedder
+from tests.support.memory import CountingEmbedder, HashEmbedder, SpanEmbedder
 from tests.support.vectors import check_node_vectors
-
-
-class SpanEmbedder(CountingEmbedder):
-    """CountingEmbedder with ``embed_spans``: a span's vector is the span's text embedded (unit rows)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.span_calls = 0
-
-    def embed_spans(self, texts, spans):
-        self.span_calls += 1
-        vecs = self.embed(texts)
-        parts = []
-        for t, sp in zip(texts, spans):
-            rows = np.stack([self.vector(t[a:b]) for a, b in sp]) if sp else np.zeros((0, self.dim))
-            parts.append(rows / np.linalg.norm(rows, axis=1, keepdims=True))
-        return vecs, parts
-
 
 TEXT = st.text(alphabet=st.sampled_from(list("aB7 .!?\n\t\"'([")), max_size=60)
 
@@ -89,7 +72,8 @@ def test_an_add_embeds_its_message_once(cls):
 
 def test_embedded_sentence_vectors_embed_each_sentence_alone():
     emb = SpanEmbedder()
-    mem = SegTreeMem(embedder=emb, annotation_vectors="composed")  # the default: sentences embedded alone
+    embedded = ExtractiveSummarizer(emb)  # the summariser's default: sentences embedded alone
+    mem = SegTreeMem(embedder=emb, summarizer=embedded, annotation_vectors="composed")
     assert mem.summarizer.sentence_vectors == "embedded"
     texts = [f"Note {i} about dogs. It was long! More on dogs later." for i in range(6)]
     for t in texts:
@@ -108,9 +92,9 @@ def test_defaults_per_memory():
         for c in (SegTreeMem, MemTree, HAT, XMemory)
     }
     assert got == {
-        "SegTreeMem": ("embedded", "embedded"),
-        "MemTree": ("embedded", "embedded"),
-        "HAT": ("embedded", "composed"),
+        "SegTreeMem": ("pooled", "composed"),
+        "MemTree": ("pooled", "composed"),
+        "HAT": ("pooled", "composed"),
         "XMemory": ("pooled", "composed"),
     }
     assert ExtractiveSummarizer(emb).sentence_vectors == "embedded"
@@ -209,3 +193,23 @@ def test_xmemory_theme_summaries_reuse_their_facts_vectors(tmp_path):
     assert not any(t in emb.seen for t in facts)
     for th in (n for n in x._store.nodes.values() if n.level == THEME):
         assert np.allclose(x._index.get([th.id])[0], y._index.get([th.id])[0], atol=1e-6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(TEXT, max_size=6))
+def test_joined_sentences_split_back_into_themselves(texts):
+    sentences = [s for t in texts for s in split_sentences(t)]
+    assert split_sentences(join_sentences(sentences)) == sentences
+
+
+def test_a_summary_of_summaries_embeds_no_run_on_sentence():
+    """Unpunctuated list items and lower-case turns joined in a summary split back into themselves, so a
+    parent's summary needs no vector of a sentence that no message holds."""
+    emb = CountingEmbedder()
+    s = ExtractiveSummarizer(emb, max_chars=80)
+    kids = [
+        ["user: what to pack for the trip\nwarm socks and boots", "assistant: Take a coat?\nuser: yes do"],
+        ["user: which train to take\nthe early one", "assistant: Book seats?\nuser: yes two seats"],
+    ]
+    s.summarize([s.summarize(k)[0] for k in kids])
+    assert set(emb.seen) <= {x for k in kids for t in k for x in split_sentences(t)}

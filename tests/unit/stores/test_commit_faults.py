@@ -153,11 +153,10 @@ def _fires(kind: str, op: str, point: str) -> bool:
     """Whether the transaction reaches ``point`` (checked: a fault that should fire and does not fails)."""
     if point == "faiss.add":
         return op == "add"  # a delete only rewrites existing rows
-    if point == "embed":  # HAT and xMemory compose summaries from sentences already embedded
-        return op == "add" or kind not in ("hat", "xmemory")
-    if point == "compose":  # the memories that compose summary vectors by default; MemTree composes the
-        # vectors that decide whether a rewritten path summary is embedded again (reembed_cosine) on add
-        return kind in ("hat", "xmemory") or (kind == "memtree" and op == "add")
+    if point == "embed":  # every memory composes summaries from sentences already embedded by default
+        return op == "add"
+    if point == "compose":  # every memory composes its summary vectors by default
+        return True
     # xMemory's LLM-free annotations do not go through the summariser
     return not (point == "summarize" and kind == "xmemory")
 
