@@ -689,14 +689,12 @@ class MemoryStore:
             prefix: only namespaces starting with these parts; ``None``: all.
             on_invalid: called with the directory and the error for each namespace directory under
                 ``root_dir`` that cannot be read or whose ``namespace.json`` is unreadable, tampered or
-                names another namespace than the directory stands for (e.g. a copied directory); that
-                directory is then left out. With PostgreSQL: called with a description of each
-                namespace row whose name cannot be read back, left out alike. Default ``None``: such a
-                directory or row raises.
+                names another namespace than the directory stands for (e.g. a copied directory), or
+                (PostgreSQL) a row naming no namespace: left out. Default ``None``: they raise.
 
         Raises:
-            PersistenceError: without ``on_invalid``, a namespace directory that cannot be read or
-                with a tampered or unreadable ``namespace.json`` (a malformed namespace row).
+            PersistenceError: without ``on_invalid``, an unreadable directory, a tampered or unreadable
+                ``namespace.json``, a malformed namespace row.
         """
         pre = normalize_namespace(prefix) if prefix is not None else ()
         bad: list[tuple[Path | str, PersistenceError]] = []
