@@ -355,18 +355,25 @@ def import_command(
     added. Each namespace then gets all of its messages in one atomic add, or none. An id the namespace
     already holds is an error unless --upsert. Exit code 1 on any error.
     """
+    from .eval.progress_bars import terminal_progress
     from .serve.transfer import import_jsonl, read_jsonl
     from .types import HierMemError
 
     try:
-        read_jsonl(src)  # a malformed file adds nothing, not even a new store directory
+        total = sum(map(len, read_jsonl(src).values()))  # a malformed file adds nothing, not even a store
     except HierMemError as e:
         _fail("cannot import", e)
     mems = _open_existing(store, memory, create=True)
+    bar = Console(stderr=True).is_terminal  # a bar over the messages; else a line per namespace
+
     try:
-        counts = import_jsonl(
-            mems, src, upsert=upsert, progress=lambda ns, n: console.print(f"{'/'.join(ns)}: {n} messages")
-        )
+        with terminal_progress(total, "hiermem import", "messages") as advance:
+            counts = import_jsonl(
+                mems,
+                src,
+                upsert=upsert,
+                progress=lambda ns, n: advance(n) if bar else console.print(f"{'/'.join(ns)}: {n} messages"),
+            )
     except HierMemError as e:
         _fail("cannot import", e)
     finally:

@@ -233,17 +233,18 @@ def bench_command(
 
 
 @contextmanager
-def _progress_bars(auto_refresh: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+def _progress_bars(
+    auto_refresh: bool = True, unit: str = "messages"
+) -> Iterator[Callable[[str, int, int], None]]:
     """Rich progress bars, one per label, shown while the block runs; yields the
     ``progress(label, done, total)`` callback the benchmarks report to. Without ``auto_refresh`` the
     display redraws only when a task advances (it then shares its process with the measured code)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
+
+    from ..eval.progress_bars import bar_columns
 
     with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+        *bar_columns(unit),
         console=_console,
         auto_refresh=auto_refresh,
     ) as bars:
@@ -288,7 +289,7 @@ def _llm_cost_bench(
     from .llm_cost import render_llm_cost_markdown, run_llm_cost
 
     mems = None if memories.strip().lower() == "all" else [m for m in memories.split(",") if m.strip()]
-    with _progress_bars() as progress:
+    with _progress_bars(unit="steps") as progress:
         try:
             doc = run_llm_cost(
                 memories=mems,

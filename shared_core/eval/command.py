@@ -170,7 +170,25 @@ def eval_command(
     resume: bool = typer.Option(
         False, "--resume", help="Skip conversations whose results are already in --out."
     ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(
+        True, "--progress/--no-progress", help="Show a progress bar on stderr (when it is a terminal)."
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Processes evaluating questions side by side, each with one thread (default: the number of "
+        "CPUs, at most 8; 1 with --llm or an OpenAI embedder). The results do not depend on it.",
+    ),
+    embed_cache_dir: Path | None = typer.Option(
+        None,
+        "--embed-cache-dir",
+        help="Keep each conversation's embeddings here and reuse them on re-runs (default: eval-embeddings "
+        "under $HIERMEM_CACHE_DIR, else ~/.cache/hiermem). The results do not depend on it.",
+    ),
+    disk_cache: bool = typer.Option(
+        True, "--disk-cache/--no-disk-cache", help="Keep embeddings on disk between runs (--embed-cache-dir)."
+    ),
     fusion_weight: float | None = typer.Option(
         None,
         "--fusion-weight",
@@ -196,6 +214,8 @@ def eval_command(
     question and method) and per-conversation files to --out.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from .embed_store import default_embed_cache_dir
+    from .parallel import default_workers
     from .report import RESULTS_JSON, RESULTS_MD, RESULTS_PNG
     from .runner import run_eval
 
@@ -203,6 +223,8 @@ def eval_command(
         cats = _ints(categories, "--categories")
         chat = _make_llm(llm, base_url)
         emb = _make_embedder(embedder, base_url)
+        if workers is None:
+            workers = 1 if chat is not None or emb is not None else default_workers()
         doc = run_eval(
             locomo=locomo,
             realmem=realmem,
@@ -232,6 +254,8 @@ def eval_command(
             render=render,
             longmemeval=longmemeval,
             limit=limit,
+            workers=workers,
+            cache_dir=(embed_cache_dir or default_embed_cache_dir()) if disk_cache else None,
         )
     except HierMemError as e:
         raise _fail(e) from None

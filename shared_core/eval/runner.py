@@ -31,7 +31,7 @@ import math
 import platform
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from datetime import time as dt_time
 from importlib import metadata
@@ -68,6 +68,8 @@ from .metrics import (
     message_sentences,
     render_returned,
 )
+from .parallel import EvalJob, default_workers, evaluate_all
+from .progress_bars import question_progress
 from .protocol import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -202,7 +204,8 @@ def evaluate_conversation(
         memory_llm: LLM given to the memories (``None``: LLM-free memories).
         judge: an :class:`~shared_core.eval.judge.AnswerJudge`, or ``None``.
         dataset: the dataset label written into each row.
-        progress: an object with ``update(n)`` (e.g. a tqdm bar) or ``None``.
+        progress: an object with ``update(n)`` (e.g. a tqdm bar), advanced by one after each query, or
+            ``None``.
         render: one of :data:`~shared_core.eval.metrics.RENDERS` (how returned texts are scored, for
             every method alike; ``"dated"`` prefixes message leaves with their date), default
             ``"plain"``. The ``max_tokens`` budget applies to the texts as stored.
@@ -285,8 +288,6 @@ def evaluate_conversation(
                 c["cpu_seconds"] += time.process_time() - c0
                 c["messages"] += len(chunk)
                 c["add_calls"] += 1
-            if progress is not None:
-                progress.update(len(chunk))
             bi += 1
         if dirty:  # indexes refreshed lazily at the next query are construction work, not query latency
             for key, obj in builds.items():
@@ -447,6 +448,27 @@ def _fingerprint(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _resumable(path: Path, fp: str) -> dict[str, Any] | None:
+    """A conversation's results file made with the same configuration (``None``: none, or cut short by an
+    interrupted run).
+
+    Raises:
+        InvalidInputError: the file was made with another configuration.
+    """
+    if not path.is_file():
+        return None
+    try:
+        prev = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None  # a file cut short by an interrupted run: recompute it
+    if prev.get("fingerprint") != fp:
+        raise InvalidInputError(
+            f"{path.name} in {path.parent.parent} was made with another configuration (methods, k, budget, "
+            "data or LLM); rerun without --resume or use another --out."
+        )
+    return dict(prev)
+
+
 def run_eval(
     *,
     locomo: Sequence[str | Path] = (),
@@ -468,7 +490,7 @@ def run_eval(
     embedder: Any = None,
     embed_cache: bool = True,
     resume: bool = False,
-    progress: bool = True,
+    progress: bool | Callable[[int, int], None] = False,
     command: str | None = None,
     split: str | None = None,
     data_root: str | Path | None = None,
@@ -478,6 +500,8 @@ def run_eval(
     render: str = "plain",
     longmemeval: Sequence[str | Path] = (),
     limit: int | None = None,
+    workers: int | None = 1,
+    cache_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run an evaluation end to end and (with ``out``) write its files.
 
@@ -510,7 +534,9 @@ def run_eval(
         embedder: the embedder of every method, default :class:`~shared_core.models.local.LocalEmbedder`.
         embed_cache: share embeddings between methods through :class:`CachingEmbedder`, default ``True``.
         resume: reuse conversation files already in ``out`` (same configuration only).
-        progress: show a progress bar (tqdm), default ``True``.
+        progress: ``True``: a progress bar over the questions (done, rate, time left) on stderr when it is
+            a terminal; a callable: called with ``(done, total)`` questions as they are answered; default
+            ``False`` (nothing shown).
         command: the command line, recorded in the configuration.
         split: a named split (``"dev"`` or ``"validate"``, :data:`~shared_core.eval.protocol.SPLITS`)
             whose files are added to ``locomo`` / ``realmem``, default ``None``.
@@ -532,6 +558,12 @@ def run_eval(
             another counted flat baseline is.
         limit: at most this many questions of each LongMemEval file, spread over the question types,
             default all.
+        workers: processes evaluating conversations side by side (:func:`~shared_core.eval.parallel.
+            evaluate_all`; each pins its thread pools to one thread), default 1 (this process); ``None``:
+            :func:`~shared_core.eval.parallel.default_workers`. The results do not depend on it.
+        cache_dir: keep each conversation's embeddings under this directory
+            (:class:`~shared_core.eval.embed_store.EmbeddingStore`) and read them back on a re-run, default
+            ``None`` (none kept); ignored without ``embed_cache``. The results do not depend on it.
 
     Returns:
         The results document (what ``results.json`` holds).
@@ -602,7 +634,6 @@ def run_eval(
         from ..models.local import LocalEmbedder
 
         embedder = LocalEmbedder()
-    emb = CachingEmbedder(embedder) if embed_cache and not isinstance(embedder, CachingEmbedder) else embedder
     emb_name = str(
         getattr(embedder, "name", None)
         or (f"openai:{embedder.model}" if isinstance(getattr(embedder, "model", None), str) else None)
@@ -635,65 +666,51 @@ def run_eval(
     if conv_dir is not None:
         conv_dir.mkdir(parents=True, exist_ok=True)
     todo = [(d, c) for d in datasets for c in d.conversations]
-    total = 0
-    for _, c in todo:
-        qs = sorted(c.queries, key=lambda q: q.position)[: max_queries or None]
-        total += max((q.position for q in qs), default=0) + len(qs)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, desc="hiermem eval", unit="step")
     results: list[dict[str, Any]] = []
     reused: list[str] = []
-    try:
-        for d, c in todo:
-            fp = _fingerprint({**fp_cfg, "input": d.describe(), "conversation": c.id})
-            path = conv_dir / f"{_safe(d.label)}__{_safe(c.id)}.json" if conv_dir is not None else None
-            if resume and path is not None and path.is_file():
-                try:
-                    prev = json.loads(path.read_text(encoding="utf-8"))
-                except json.JSONDecodeError:
-                    prev = None  # a file cut short by an interrupted run: recompute it
-                if prev is not None:
-                    if prev.get("fingerprint") != fp:
-                        raise InvalidInputError(
-                            f"{path.name} in {out_dir} was made with another configuration (methods, k, "
-                            "budget, data or LLM); rerun without --resume or use another --out."
-                        )
-                    results.append(prev)
-                    reused.append(c.id)
-                    if bar is not None:
-                        qs = sorted(c.queries, key=lambda q: q.position)[: max_queries or None]
-                        bar.update(max((q.position for q in qs), default=0) + len(qs))
-                    continue
-            if bar is not None:
-                bar.set_description(f"{d.label}/{c.id}")
-            res = evaluate_conversation(
-                c,
-                specs,
-                embedder=emb,
-                k=k,
-                max_tokens=max_tokens,
-                max_queries=max_queries,
-                add_batch=add_batch,
-                memory_llm=llm if llm_memories else None,
-                judge=judge,
-                dataset=d.label,
-                progress=bar,
-                render=render,
-            )
-            res["fingerprint"] = fp
-            if isinstance(emb, CachingEmbedder):
-                emb.clear()
-            if path is not None:
-                tmp = path.with_suffix(".json.tmp")
-                tmp.write_text(json.dumps(res, indent=1), encoding="utf-8")
-                tmp.replace(path)
-            results.append(res)
-    finally:
-        if bar is not None:
-            bar.close()
+    fresh: list[tuple[int, Dataset, Conversation, str, Path | None]] = []
+    n_reused = 0
+    for d, c in todo:
+        fp = _fingerprint({**fp_cfg, "input": d.describe(), "conversation": c.id})
+        path = conv_dir / f"{_safe(d.label)}__{_safe(c.id)}.json" if conv_dir is not None else None
+        prev = _resumable(path, fp) if resume and path is not None else None
+        if prev is not None:
+            reused.append(c.id)
+            n_reused += min(len(c.queries), max_queries or len(c.queries))
+        else:
+            fresh.append((len(results), d, c, fp, path))
+        results.append(prev or {})
+
+    def done(i: int, res: dict[str, Any]) -> None:
+        j, _, _, fp, path = fresh[i]
+        res["fingerprint"] = fp
+        if path is not None:
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(res, indent=1), encoding="utf-8")
+            tmp.replace(path)
+        results[j] = res
+
+    job = EvalJob(
+        evaluate=evaluate_conversation,
+        specs=specs,
+        options={"k": k, "max_tokens": max_tokens, "max_queries": max_queries, "add_batch": add_batch},
+        embedder=embedder.base if isinstance(embedder, CachingEmbedder) else embedder,
+        embed_cache=bool(embed_cache),
+        cache_dir=None if cache_dir is None or not embed_cache else str(cache_dir),
+        memory_llm=llm if llm_memories else None,
+        judge=judge,
+    )
+    job.options["render"] = render
+    total = sum(min(len(c.queries), max_queries or len(c.queries)) for _, c in todo)
+    with question_progress(progress, total, "hiermem eval") as advance:
+        advance(n_reused)
+        evaluate_all(
+            [(d.label, c) for _, d, c, _, _ in fresh],
+            job,
+            workers=default_workers(len(fresh)) if workers is None else workers,
+            on_query=advance,
+            on_result=done,
+        )
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "config": config,

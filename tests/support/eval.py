@@ -176,3 +176,43 @@ def write_longmemeval(path: Path, items: list[dict] | None = None) -> Path:
     """A LongMemEval-shaped JSON file (default :func:`tiny_longmemeval`)."""
     path.write_text(json.dumps(tiny_longmemeval() if items is None else items), encoding="utf-8")
     return path
+
+
+class SpyEmbedder(BowEmbedder):
+    """:class:`BowEmbedder` recording every text it embeds, in call order (``texts``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts.extend(texts)
+        return super().embed(texts)
+
+
+class OneThreadEmbedder(BowEmbedder):
+    """:class:`BowEmbedder` that raises unless FAISS, BLAS/OpenMP (threadpoolctl) and ``OMP_NUM_THREADS``
+    are pinned to one thread in the process embedding."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        import os
+
+        import faiss
+        from threadpoolctl import threadpool_info
+
+        pools = {p["internal_api"]: p["num_threads"] for p in threadpool_info()}
+        if faiss.omp_get_max_threads() != 1 or any(n != 1 for n in pools.values()):
+            raise RuntimeError(f"threads not pinned: faiss {faiss.omp_get_max_threads()}, pools {pools}")
+        if os.environ.get("OMP_NUM_THREADS") != "1":
+            raise RuntimeError("OMP_NUM_THREADS is not 1")
+        return super().embed(texts)
+
+
+class LockedEmbedder(BowEmbedder):
+    """:class:`BowEmbedder` holding a lock: it cannot be pickled (sent to a worker process)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        self.lock = threading.Lock()
