@@ -148,7 +148,14 @@ def test_query_marks_hits_paths_and_legend(browser, cls, policy, tmp_path: Path)
     }
     assert outlined == on_path & {n["id"] for n in data["nodes"]}
     edges = browser.find_elements(By.CSS_SELECTOR, "line.path-edge")
-    assert len(edges) == len(data["edges"]) > 0 and all(e.is_displayed() for e in edges)
+    # (a vertical edge has a box of zero width, which Selenium's is_displayed calls hidden: check the
+    # drawing itself: a stroke, a length, nothing hiding it)
+    shown = (
+        "const r = arguments[0].getBoundingClientRect(), s = getComputedStyle(arguments[0]);"
+        "return (r.width > 0 || r.height > 0) && s.visibility !== 'hidden' && s.display !== 'none'"
+        " && s.stroke !== 'none' && parseFloat(s.strokeWidth) > 0 && parseFloat(s.opacity) > 0;"
+    )
+    assert len(edges) == len(data["edges"]) > 0 and all(browser.execute_script(shown, e) for e in edges)
     # the legend and the hit list are visible and say what the marks mean
     legend = browser.find_element(By.ID, "legend")
     assert legend.is_displayed()
