@@ -19,6 +19,7 @@ in milliseconds.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -132,6 +133,11 @@ def conversation_stream(stream: str, n: int, seed: int = 0) -> tuple[list[str], 
     return texts, dict(zip(texts, X))
 
 
+@functools.lru_cache(maxsize=1)
+def _vocabulary_rank() -> dict[str, int]:
+    return {w: i for i, w in enumerate(synthetic_vocabulary(VOCABULARY))}
+
+
 def _words(text: str) -> list[str]:
     parts = text.split()
     return parts[3:] if parts[:1] == [f"{SPEAKER}:"] else parts[2:]  # without "[<speaker>:] message <i>"
@@ -235,8 +241,10 @@ def conversation_query(
     """A query near a random one of the first ``stored`` messages, registered in the table.
 
     Its vector is the message's + 0.3 x a random unit vector (normalised); its text
-    ``"query <tag> "`` + 4 of the message's words + 2 words of another stored message, and when the
-    message names a speaker (the ``"speaker"`` stream), ``"<speaker> "`` before those words.
+    ``"query <tag> "`` + 4 of the message's words + 2 words of another stored message. When the message
+    names a speaker (the ``"speaker"`` stream) the query is a question about what the speaker said:
+    ``"query <tag> <speaker> "`` + the message's 3 least frequent words (the Zipf ranks of the
+    vocabulary), as "What did Caroline say about pottery?" names the speaker and a specific word.
 
     Returns:
         The query text (a key of ``table``).
@@ -245,7 +253,8 @@ def conversation_query(
     v = table[target] + QUERY_NOISE * _unit(rng)
     words = _words(target)[:4] + [str(w) for w in rng.choice(_words(other), 2)]
     if target.startswith(f"{SPEAKER}: "):
-        words.insert(0, SPEAKER)
+        rank = _vocabulary_rank()
+        words = [SPEAKER] + sorted(set(_words(target)), key=lambda w: (-rank.get(w, -1), w))[:3]
     text = f"query {tag} " + " ".join(words)
     table[text] = (v / np.linalg.norm(v)).astype(np.float32)
     return text

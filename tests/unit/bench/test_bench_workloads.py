@@ -62,9 +62,15 @@ def test_speaker_stream_shares_a_word_with_every_query(stream):
     held = shared & set.intersection(*map(set, tok_queries))
     assert held == ({tokenize([W.SPEAKER])[0][0]} if stream == "speaker" else set())
     assert tokenize(["message"])[0][0] in shared
-    for q in queries:  # 4 words of a stored message and 2 of another, as on the other streams
+    rank = {w: i for i, w in enumerate(W.synthetic_vocabulary())}
+    for q in queries:  # speaker: the name and 3 words; else 4 words of a stored message and 2 of another
         words = q.split()[2:]
-        assert len(words) == 6 + (stream == "speaker") and all(w in VOCAB for w in words if w != W.SPEAKER)
+        if stream != "speaker":
+            assert len(words) == 6 and all(w in VOCAB for w in words)
+            continue
+        assert words[0] == W.SPEAKER and len(words) == 4
+        rarest = {tuple(sorted(set(t.split()[3:]), key=lambda w: (-rank[w], w))[:3]) for t in texts}
+        assert tuple(words[1:]) in rarest
 
 
 def test_memories_keep_their_default_relevance_and_policy():
