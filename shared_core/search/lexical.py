@@ -27,7 +27,7 @@ import numpy as np
 from ..arrays import grow
 from ..types import InvalidInputError
 
-__all__ = ["LexicalIndex", "tokenize"]
+__all__ = ["COMMON_SHARE", "LexicalIndex", "tokenize"]
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_SCORES = np.zeros(0, dtype=np.float32)
@@ -35,6 +35,8 @@ K1 = 1.5
 B = 0.75
 _MIN_CAP = 4
 _DENSE_IDS = 1 << 20  # ids below this (or 4x the texts) also get an array slot for scores_for
+#: :meth:`LexicalIndex.common_bound`: a term held by more than this share of the texts is common
+COMMON_SHARE = 0.5
 _COMPACT_FLOOR = 4096  # dead postings tolerated before a compaction whatever the live count
 
 
@@ -408,7 +410,7 @@ class LexicalIndex:
         """The ids whose BM25 score for ``query`` is above 0 and their scores, ids ascending.
 
         The same scores as :meth:`scores` (O(postings of the query terms + stored texts)), without the
-        ids that score 0.
+        ids that score 0 (:meth:`above` at level 0).
 
         Returns:
             ``(ids int64 (m,), scores float32 (m,))``.
@@ -416,17 +418,69 @@ class LexicalIndex:
         Raises:
             InvalidInputError: ``query`` is not a string.
         """
+        return self.above(query, 0.0)[:2]
+
+    def common_bound(self, query: str, share: float = COMMON_SHARE) -> float:
+        """An upper bound of what the query's common terms add to any text's score.
+
+        A term held by more than ``share`` of the stored texts (``idf < ln 2`` for ``share = 0.5``; a
+        speaker's name rendered into every message has ``idf`` near 0) adds less than ``times * idf``
+        to any text (``tf / (tf + K) < 1``), ``times`` its count in the query. A text whose score is at
+        most the returned sum holds nothing of the query but such terms, or very little else.
+
+        Args:
+            query: the query string. share: in ``[0, 1]``, default 0.5.
+
+        Returns:
+            ``sum(times * idf)`` over those terms, ``0.0`` when there is none.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        _check_query(query)
+        with self._lock:
+            N = len(self._tokens)
+            out = 0.0
+            if not N:
+                return out
+            q = _tokenize([query], self.stopwords, self._stemmer)[0]
+            for t, times in Counter(x for x in q if x).items():
+                tid = self._vocab.get(t)
+                if tid is not None and self._df[tid] > share * N:
+                    df = float(self._df[tid])
+                    out += times * math.log(1.0 + (N - df + 0.5) / (df + 0.5))
+            return out
+
+    def above(self, query: str, level: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """The ids scoring above ``level`` for ``query``, ids ascending, and the best score of the rest.
+
+        The same scores as :meth:`scores`; ``above(query, 0.0)`` is :meth:`nonzero` (with 0 for the
+        rest). O(postings of the query terms + stored texts), with one pass over the stored texts past
+        the scoring.
+
+        Args:
+            query: the query string. level: a score ``>= 0``.
+
+        Returns:
+            ``(ids int64 (m,), scores float32 (m,), rest)``: ``rest`` the largest score (float32
+            value, as a float) of a stored text not returned, ``0.0`` when there is none.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
         _check_query(query)
         with self._lock:
             if not self._tokens:
-                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
+                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy(), 0.0
             s = self._slot_scores(query)
-            slots = np.flatnonzero(s > 0)  # a dead slot scores 0
+            over = s > level
+            slots = np.flatnonzero(over)  # a dead slot scores 0
+            rest = float(np.float32(np.max(s, where=~over, initial=0.0)))
             ids = self._slot_id[slots]
             if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # slots mostly follow the ids
                 order = np.argsort(ids, kind="stable")
                 ids, slots = ids[order], slots[order]
-            return ids, s[slots].astype(np.float32)
+            return ids, s[slots].astype(np.float32), rest
 
     def top_k(self, query: str, k: int, subset: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best-scoring ids for ``query``, best first.
