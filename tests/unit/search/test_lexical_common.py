@@ -45,7 +45,10 @@ def test_above_is_the_filter_of_every_score(docs, query, every, removed, level):
         assert got_ids.tolist() == [i for i, _ in want] and got.dtype == np.float32
         np.testing.assert_array_equal(got, np.asarray([s for _, s in want], dtype=np.float32))
         others = sc[sc <= lv]
-        assert rest == (float(others.max()) if len(others) else 0.0)
+        best = float(others.max()) if len(others) else 0.0
+        bound = idx.common_bound(q)
+        # exact, or (scored at the rare words' texts only) the common words' bound above it
+        assert rest == best or (0 < bound <= lv and len(got_ids) and rest == float(np.float32(bound)) >= best)
     assert idx.nonzero(q)[0].tolist() == sorted(i for i, s in zip(ids.tolist(), sc) if s > 0)
 
 
@@ -84,3 +87,52 @@ def test_a_word_in_every_text_adds_about_nothing():
         idx.common_bound(None)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError):
         idx.above(3, 0.0)  # type: ignore[arg-type]
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "remove"]),
+        st.integers(0, 12),
+        st.lists(st.sampled_from(WORDS), max_size=5),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=ops, query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3), speakers=st.integers(1, 3))
+def test_scores_over_common_words_read_sparsely_equal_every_score(ops, query, speakers):
+    """Queries interleaved with replacements and removals: what ``above`` and ``scores_for`` give at the
+    level of the query's common words (read at the slots of its rare words, the common words' counts
+    kept per slot) is bitwise what scoring every text gives."""
+    idx = LexicalIndex(stem=False, stopwords=None)
+    names = [NAME, "yusuf", "xavia"][:speakers]
+    q = " ".join([names[0], *query])
+    for step, (op, i, words) in enumerate(ops):
+        if op == "put":  # the name of one speaker in every text, most of them the first's
+            idx.upsert([i], [" ".join([names[step % 5 % speakers], *words])])
+        else:
+            idx.remove([i])
+        if step % 3:
+            continue
+        level = idx.common_bound(q)
+        got_ids, got, rest = idx.above(q, level)
+        ids, sc = idx.scores(q)  # every text's score, from scratch
+        check = LexicalIndex(stem=False, stopwords=None)
+        texts = {int(i): t for i, t in zip(*_texts(idx))}
+        if texts:
+            check.upsert(list(texts), list(texts.values()))
+            np.testing.assert_array_equal(check.scores_for(q, ids), sc)
+        want = [(int(i), s) for i, s in zip(ids.tolist(), sc) if s > level]
+        assert got_ids.tolist() == sorted(i for i, _ in want)
+        np.testing.assert_array_equal(got, np.asarray([s for _, s in sorted(want)], dtype=np.float32))
+        others = sc[sc <= level]
+        assert rest >= (float(others.max()) if len(others) else 0.0)
+        idx.above(q, level)  # the memo of the sparse scores, then every id through it
+        np.testing.assert_array_equal(idx.scores_for(q, ids), sc)
+
+
+def _texts(idx: LexicalIndex) -> tuple[list[int], list[str]]:
+    ids = list(idx._tokens)
+    return ids, [" ".join(idx._tokens[i]) for i in ids]
