@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..scores import top_k
 from ..types import InvalidInputError
 from .ann import NeighbourSearch
 from .relevance import check_weight, fuse
@@ -154,12 +155,11 @@ class Candidates:
     """The first stage of one query's relevance over candidates (:meth:`Ranking._relevance_candidates`).
 
     ``ids`` are the approximate ``m`` nearest nodes by cosine (from the IVF index over every indexed
-    node) and, for ``hybrid``, the ``m`` best by BM25 (with every node tied with the ``m``-th) among
-    the nodes scoring above the query's common terms
-    (:meth:`~shared_core.search.lexical.LexicalIndex.common_bound`: a node holding only a word of most
-    texts, such as a speaker's name, is not a BM25 candidate). BM25 itself is exact: ``bm_ids`` are
-    the nodes scoring above that level, ``maxb`` the largest score of any node, and :meth:`bm25` reads
-    any node's score from ``scorer``.
+    node) and, for ``hybrid``, the ``m`` best by BM25 (ties by node id) among the nodes scoring above
+    the query's common terms (:meth:`~shared_core.search.lexical.LexicalIndex.common_bound`: a node
+    holding only a word of most texts, such as a speaker's name, is not a BM25 candidate). BM25
+    itself is exact: ``bm_ids`` are the nodes scoring above that level, ``maxb`` the largest score of
+    any node, and :meth:`bm25` reads any node's score from ``scorer``.
     """
 
     ids: np.ndarray  # int64 (c,), distinct
@@ -171,8 +171,8 @@ class Candidates:
     maxb: float
     #: the nearest by cosine alone (a part of ``ids``)
     nearest: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-    #: the best BM25 score of a node outside the BM25 candidates (ties kept whole): no node outside
-    #: ``ids`` scores more (0 when every node with a query term is among ``ids``)
+    #: the best BM25 score of a node outside the BM25 candidates (the ``m``-th's when a tie is left
+    #: out): no node outside ``ids`` scores more (0 when every node with a query term is among ``ids``)
     bm_floor: float = 0.0
     #: ``scorer(ids) -> float32`` BM25 scores of any node ids (``None``: 0 outside ``bm_ids``)
     scorer: Callable[[np.ndarray], np.ndarray] | None = None
@@ -305,11 +305,13 @@ class CandidateSearch:
             bm_ids, bm, rest = lex.above(query, lex.common_bound(query))
             scorer = partial(lex.scores_for, query)
         maxb = max(float(bm.max()) if len(bm) else 0.0, rest)
-        cut = 0.0 if len(bm) <= m else float(np.partition(bm, len(bm) - m)[len(bm) - m])
-        top = bm_ids if len(bm) <= m else bm_ids[bm >= cut]
-        below = bm[bm < cut]
-        # the best BM25 score outside the candidates
-        floor = max(float(below.max()) if len(below) else 0.0, rest)
+        top, floor = bm_ids, rest
+        if len(bm) > m:  # the m best, ties by id: a tie left out scores the m-th's score, the floor
+            pos = top_k(bm_ids, bm, m)
+            out = np.ones(len(bm), dtype=bool)
+            out[pos] = False
+            top = np.sort(bm_ids[pos])
+            floor = max(float(bm[out].max()), rest)  # the best BM25 score outside the candidates
         return Candidates(np.union1d(found, top), qvec, kind, weight, bm_ids, bm, maxb, found, floor, scorer)
 
     def _relevance_on(self, c: Candidates, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

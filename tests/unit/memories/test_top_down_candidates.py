@@ -313,3 +313,26 @@ def test_a_word_of_every_message_makes_no_bm25_candidate(kind, monkeypatch):
                 got = mem.retrieve(q, k=k, policy=policy)
                 assert mem.last_candidates is not None
                 _same(got, _exhaustive(mem, q, k=k, policy=policy))
+
+
+@pytest.mark.parametrize("kind", ["segtree", "hat"])
+def test_bm25_candidates_cut_a_tie_by_node_id(kind, monkeypatch):
+    """Many messages of one length hold the query's word once: they tie in BM25. The BM25 candidates
+    are the m best with ties by node id (not the whole tie), the floor is the tie's score, and the hits
+    over the candidates are the exhaustive hits."""
+    mem = _speaker_memory(kind)
+    k, q = 3, "Caroline chess"
+    with monkeypatch.context() as mp:
+        _forced(mem, mp, per_hit=1)
+        m = 3 * k + 8
+        lex = mem._lexical_index()
+        ids, sc = lex.above(q, lex.common_bound(q))[:2]
+        cut = np.sort(sc)[::-1][m - 1]
+        assert (sc == cut).sum() > 1 and (sc >= cut).sum() > m  # a tie across the m-th
+        c = mem._relevance_candidates(q, "hybrid", mem.hybrid_weight, m, mem._embed_query(q))
+        want = ids[np.lexsort((ids, -sc))[:m]]
+        assert set(c.ids.tolist()) - set(c.nearest.tolist()) == set(want.tolist()) - set(c.nearest.tolist())
+        assert set(want.tolist()) <= set(c.ids.tolist()) and c.bm_floor == pytest.approx(float(cut))
+        for policy in ("collapsed", "top_down"):
+            got = mem.retrieve(q, k=k, policy=policy)
+            _same(got, _exhaustive(mem, q, k=k, policy=policy))
