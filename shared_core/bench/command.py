@@ -87,7 +87,10 @@ def bench_command(
         "a flat FAISS add + search; p50/p99 CPU ms per turn. Writes workloads.json and workloads.md.",
     ),
     streams: str = typer.Option(
-        "topical,random", "--streams", help="With --conversation: comma-separated streams (topical, random)."
+        "topical,random,speaker",
+        "--streams",
+        help="With --conversation: comma-separated streams (topical, random, speaker: a speaker's name in "
+        "every message and every query).",
     ),
     summariser: str = typer.Option(
         "default",
@@ -324,12 +327,27 @@ def _bulk_bench(memories: str, turns: int, out: Path) -> None:
     _console.print(f"wrote {out / 'bulk.json'}, {out / 'bulk.md'}")
 
 
+def _ratio_cell(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
 def _print_workloads_summary(doc: dict[str, Any]) -> None:
     """Short rich tables of a workloads document: p50/p99 CPU ms per turn beside flat, CPU per message."""
     if doc.get("conversation"):
         t = Table(title="conversation: CPU ms per turn (add + retrieve)")
-        for c in ("memory", "stream", "leaves", "p50", "p99", "flat p50", "flat p99", "p50 / flat"):
-            t.add_column(c, justify="left" if c in ("memory", "stream") else "right")
+        cols = (
+            "memory",
+            "stream",
+            "leaves",
+            "p50",
+            "p99",
+            "flat p50",
+            "flat p99",
+            "p50 / flat",
+            "p99 / flat",
+        )
+        for c in cols:
+            t.add_column(c, justify="left" if c in ("memory", "stream") else "right", no_wrap="/" in c)
         for kind, by_stream in doc["conversation"]["results"].items():
             for stream, r in by_stream.items():
                 for s in r["sizes"]:
@@ -342,7 +360,7 @@ def _print_workloads_summary(doc: dict[str, Any]) -> None:
                         _num(m["p99_ms"]),
                         _num(f["p50_ms"]),
                         _num(f["p99_ms"]),
-                        "—" if s["ratio_p50"]["turn"] is None else f"{s['ratio_p50']['turn']:.1f}",
+                        *(_ratio_cell(s.get(r, {}).get("turn")) for r in ("ratio_p50", "ratio_p99")),
                     )
         _console.print(t)
     if doc.get("ingest"):

@@ -11,13 +11,15 @@ relevance (dense + BM25 over node texts) scores something. Each memory (default 
 policy; its default summariser, the extractive one, or with ``summariser="standin"`` a free stand-in
 that leaves the algorithm alone in the timing) grows to each size, then runs turns of ONE
 single-message ``add`` and ONE ``retrieve(k=10)``, beside a flat FAISS ``IndexFlatIP`` add + search at
-the same size. Streams: ``"topical"`` (:func:`~shared_core.bench.core.topical_stream`) and ``"random"``
-(each message resembles nothing before it). All times are process CPU time (``time.process_time``)
+the same size. Streams: ``"topical"`` (:func:`~shared_core.bench.core.topical_stream`), ``"random"``
+(each message resembles nothing before it) and ``"speaker"`` (topical, with a speaker's name in every
+message and every query, :func:`conversation_stream`). All times are process CPU time (``time.process_time``)
 in milliseconds.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -46,11 +48,13 @@ from .core import (
 )
 
 __all__ = [
+    "SPEAKER",
     "STREAMS",
     "SUMMARISERS",
     "WORKLOADS_SCHEMA",
     "WordySpanSummarizer",
     "conversation_memory",
+    "conversation_query",
     "conversation_run",
     "conversation_stream",
     "ingest_workload",
@@ -61,7 +65,10 @@ __all__ = [
 ]
 
 WORKLOADS_SCHEMA = "hiermem.bench_workloads/1"
-STREAMS = ("topical", "random")
+STREAMS = ("topical", "random", "speaker")
+#: the name rendered into every message of the ``"speaker"`` stream (as ``Message.render`` does) and
+#: named by every one of its queries
+SPEAKER = "Caroline"
 #: ``summariser`` of the conversation workload: each memory's own default, or the free stand-ins.
 SUMMARISERS = ("default", "standin")
 K = 10
@@ -92,11 +99,16 @@ def conversation_stream(stream: str, n: int, seed: int = 0) -> tuple[list[str], 
     """``n`` messages ``"message <i> "`` + 8 words of a 2,000-word vocabulary, with their unit vectors.
 
     Words follow Zipf frequencies (rank r drawn with probability proportional to 1 / r), independent of
-    the vectors: they give BM25 realistic posting lists to score, not meaning.
+    the vectors: they give BM25 realistic posting lists to score, not meaning. Every message holds the
+    word "message", which no query holds; the ``"speaker"`` stream renders a speaker's name into every
+    message as :meth:`~shared_core.types.Message.render` does (``"Caroline: message <i> ..."``) and its
+    queries name the speaker (:func:`conversation_query`): a word of every message that every query
+    holds, as in a chat log whose questions name its speakers.
 
     Args:
-        stream: ``"topical"`` (vectors of :func:`~shared_core.bench.core.topical_stream`) or ``"random"``
-            (independent random unit vectors). n: number of messages. seed: random seed, default 0.
+        stream: ``"topical"`` (vectors of :func:`~shared_core.bench.core.topical_stream`), ``"random"``
+            (independent random unit vectors) or ``"speaker"`` (the topical vectors, the speaker's name
+            in every text). n: number of messages. seed: random seed, default 0.
 
     Returns:
         ``(texts, table)``: the texts in order and ``{text: float32 unit vector (384,)}``.
@@ -107,7 +119,7 @@ def conversation_stream(stream: str, n: int, seed: int = 0) -> tuple[list[str], 
     if stream not in STREAMS:
         raise InvalidInputError(f"Unknown stream {stream!r}; choose from {', '.join(STREAMS)}.")
     rng = np.random.default_rng(seed + 7)
-    if stream == "topical":
+    if stream in ("topical", "speaker"):
         keys, base = topical_stream(n, seed)
         X = np.stack([base.pop(t) for t in keys]) if n else np.zeros((0, DIM), np.float32)
     else:
@@ -116,12 +128,19 @@ def conversation_stream(stream: str, n: int, seed: int = 0) -> tuple[list[str], 
     vocab = np.array(synthetic_vocabulary(VOCABULARY))  # fixed; the draws follow the seed
     p = 1.0 / np.arange(1, len(vocab) + 1)
     picks = rng.choice(len(vocab), size=(n, WORDS_PER_MESSAGE), p=p / p.sum())
-    texts = [f"message {i} " + " ".join(vocab[picks[i]]) for i in range(n)]
+    name = f"{SPEAKER}: " if stream == "speaker" else ""
+    texts = [f"{name}message {i} " + " ".join(vocab[picks[i]]) for i in range(n)]
     return texts, dict(zip(texts, X))
 
 
+@functools.lru_cache(maxsize=1)
+def _vocabulary_rank() -> dict[str, int]:
+    return {w: i for i, w in enumerate(synthetic_vocabulary(VOCABULARY))}
+
+
 def _words(text: str) -> list[str]:
-    return text.split()[2:]  # without "message <i>" / "summary <n>" / "query <label>"
+    parts = text.split()
+    return parts[3:] if parts[:1] == [f"{SPEAKER}:"] else parts[2:]  # without "[<speaker>:] message <i>"
 
 
 class WordySpanSummarizer:
@@ -216,14 +235,27 @@ def _kinds(memories: Sequence[str] | None) -> list[str]:
     return kinds
 
 
-def _query(
-    rng: np.random.Generator, table: dict[str, np.ndarray], texts: list[str], stored: int, tag: str
+def conversation_query(
+    rng: np.random.Generator, table: dict[str, np.ndarray], texts: Sequence[str], stored: int, tag: str
 ) -> str:
-    """A query near a random stored message: its vector + 0.3 x a random unit vector, 4 of its words and
-    2 words of another stored message; registered in the table."""
+    """A query near a random one of the first ``stored`` messages, registered in the table.
+
+    Its vector is the message's + 0.3 x a random unit vector (normalised); its text
+    ``"query <tag> "`` + 4 of the message's words + 2 words of another stored message. When the message
+    names a speaker (the ``"speaker"`` stream) the query is a question about what the speaker said:
+    ``"query <tag> <speaker> "`` + the message's 3 least frequent words (the Zipf ranks of the
+    vocabulary), as "What did Caroline say about pottery?" names the speaker and a specific word.
+
+    Returns:
+        The query text (a key of ``table``).
+    """
     target, other = texts[int(rng.integers(0, stored))], texts[int(rng.integers(0, stored))]
     v = table[target] + QUERY_NOISE * _unit(rng)
-    text = f"query {tag} " + " ".join(_words(target)[:4] + [str(w) for w in rng.choice(_words(other), 2)])
+    words = _words(target)[:4] + [str(w) for w in rng.choice(_words(other), 2)]
+    if target.startswith(f"{SPEAKER}: "):
+        rank = _vocabulary_rank()
+        words = [SPEAKER] + sorted(set(_words(target)), key=lambda w: (-rank.get(w, -1), w))[:3]
+    text = f"query {tag} " + " ".join(words)
     table[text] = (v / np.linalg.norm(v)).astype(np.float32)
     return text
 
@@ -248,18 +280,18 @@ def conversation_run(
     the message, embed + ``search`` of the query. BLAS/FAISS are pinned to one thread.
 
     Args:
-        kind: the memory kind. stream: ``"topical"`` or ``"random"``. sizes: leaves when a window starts
-            (>= 20, at least ``window`` apart). window: timed turns per size, default 100. seed: stream
-            seed. summariser: ``"default"`` (default: the memory's own) or ``"standin"`` (free
-            stand-ins), see :func:`conversation_memory`. progress: ``progress(label, done, total)`` in
-            messages added.
+        kind: the memory kind. stream: ``"topical"``, ``"random"`` or ``"speaker"``. sizes: leaves
+            when a window starts (>= 20, at least ``window`` apart). window: timed turns per size,
+            default 100. seed: stream seed. summariser: ``"default"`` (default: the memory's own) or
+            ``"standin"`` (free stand-ins), see :func:`conversation_memory`. progress:
+            ``progress(label, done, total)`` in messages added.
 
     Returns:
         ``{"memory", "stream", "summariser", "policy", "relevance", "peak_rss_bytes", "sizes": [{"leaves",
         "leaves_after", "nodes", "turns", "adds_grown_by_one", "grow_cpu_s", "insert", "mean_hits", "memory":
         {"turn", "add", "query"}, "flat": {"turn", "add", "query"}, "ratio_p50": {"turn", "add",
-        "query"}}]}``; each timing is ``{"p50_ms", "p99_ms", "mean_ms"}`` of CPU ms per turn and each ratio
-        is the memory's ``p50_ms`` over the flat one's.
+        "query"}, "ratio_p99": {...}}]}``; each timing is ``{"p50_ms", "p99_ms", "mean_ms"}`` of CPU ms per
+        turn and each ratio is the memory's ``p50_ms`` (``p99_ms``) over the flat one's.
 
     Raises:
         InvalidInputError: bad sizes, window, kind, stream or summariser.
@@ -295,13 +327,13 @@ def conversation_run(
                 n += 1
             say(label, n, total)
             grow_cpu, start = time.process_time() - c0, len(mem)
-            mem.retrieve(_query(rng, table, texts, n, f"{S}:warm"), k=K)
+            mem.retrieve(conversation_query(rng, table, texts, n, f"{S}:warm"), k=K)
             qs: list[str] = []
             m_add: list[float] = []
             m_q: list[float] = []
             hits = grown = 0
             for i in range(window):
-                qs.append(_query(rng, table, texts, n + 1, f"{S}:{i}"))
+                qs.append(conversation_query(rng, table, texts, n + 1, f"{S}:{i}"))
                 before = len(mem)
                 c0 = time.process_time()
                 mem.add(texts[n], allow_duplicate_ids=True)
@@ -340,6 +372,7 @@ def conversation_run(
                     "memory": mine,
                     "flat": flat,
                     "ratio_p50": {p: _ratio(mine[p]["p50_ms"], flat[p]["p50_ms"]) for p in mine},
+                    "ratio_p99": {p: _ratio(mine[p]["p99_ms"], flat[p]["p99_ms"]) for p in mine},
                 }
             )
             del index
@@ -372,7 +405,10 @@ def _conversation_plan(
     settings = {"sizes": sizes, "memories": kinds, "streams": streams, "window": window, "k": K, "dim": DIM}
     settings.update(seed=seed, size_caps=caps, growth_chunk=GROWTH_CHUNK)
     settings["text"] = f"'message <i> ' + {WORDS_PER_MESSAGE} words, {VOCABULARY}-word vocabulary, Zipf"
-    settings["query"] = f"stored message's vector + {QUERY_NOISE} x unit noise; 4 of its words + 2 others"
+    settings["query"] = (
+        f"stored message's vector + {QUERY_NOISE} x unit noise; 4 of its words + 2 others "
+        f"(+ the speaker's name on the speaker stream, whose every message holds '{SPEAKER}:')"
+    )
     settings["summariser"] = summariser
     settings["summaries"] = (
         "each memory's default (extractive, no LLM)"
@@ -621,7 +657,7 @@ def run_workloads(
 # --------------------------------------------------------------------------- reports
 CONVERSATION_HEADER = (
     "memory|stream|leaves|nodes|insert p50|insert p99|turn p50|turn p99|add p50|add p99|query p50|query p99|"
-    "flat turn p50|flat turn p99|turn / flat (p50)|add / flat|query / flat"
+    "flat turn p50|flat turn p99|turn / flat (p50)|turn / flat (p99)|add / flat|query / flat"
 )
 INGEST_HEADER = (
     "data|memory|annotation vectors|CPU ms/msg|embedding alone ms/msg|x embedding|texts embedded/msg|"
@@ -636,7 +672,7 @@ def _f(v: Any, d: int = 3) -> str:
 
 
 def conversation_rows(doc: dict[str, Any]) -> list[list[str]]:
-    """Rows under :data:`CONVERSATION_HEADER` (CPU ms; ratios of p50s)."""
+    """Rows under :data:`CONVERSATION_HEADER` (CPU ms; ratios of p50s, and of the turn's p99s)."""
     rows = []
     for kind, by_stream in doc.get("conversation", {}).get("results", {}).items():
         for stream, r in by_stream.items():
@@ -647,7 +683,8 @@ def conversation_rows(doc: dict[str, Any]) -> list[list[str]]:
                     + [_f(s.get("insert", {}).get(x)) for x in ("p50_ms", "p99_ms")]
                     + [_f(m[p][x]) for p in ("turn", "add", "query") for x in ("p50_ms", "p99_ms")]
                     + [_f(f["turn"]["p50_ms"]), _f(f["turn"]["p99_ms"])]
-                    + [_f(q[p], 1) for p in ("turn", "add", "query")]
+                    + [_f(q["turn"], 1), _f(s.get("ratio_p99", {}).get("turn"), 1)]
+                    + [_f(q[p], 1) for p in ("add", "query")]
                 )
     return rows
 
@@ -690,7 +727,8 @@ def render_workloads_markdown(doc: dict[str, Any]) -> str:
             "",
             "Each turn: one `add` of one message and one `retrieve` with the memory's default policy and "
             "relevance, on stub models (replayed vectors, texts with words). Flat: FAISS `IndexFlatIP` add + "
-            "search at the same size. Ratios are p50 memory / p50 flat. Insert: the last messages before "
+            "search at the same size. Ratios are p50 memory / p50 flat (and p99 / p99 for the turn). "
+            "Insert: the last messages before "
             "each size, one `add` each back to back (no query between). Summaries: "
             f"{st.get('summaries', 'stand-ins')}.",
             "",

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..scores import top_k
 from ..types import InvalidInputError
 from .ann import NeighbourSearch
 from .relevance import check_weight, fuse
@@ -153,9 +155,11 @@ class Candidates:
     """The first stage of one query's relevance over candidates (:meth:`Ranking._relevance_candidates`).
 
     ``ids`` are the approximate ``m`` nearest nodes by cosine (from the IVF index over every indexed
-    node) and, for ``hybrid``, the ``m`` best by BM25 (with every node tied with the ``m``-th). BM25
-    itself is exact and sparse: ``bm_ids`` are every node with a score above 0, ``maxb`` their
-    largest score.
+    node) and, for ``hybrid``, the ``m`` best by BM25 (ties by node id) among the nodes scoring above
+    the query's common terms (:meth:`~shared_core.search.lexical.LexicalIndex.common_bound`: a node
+    holding only a word of most texts, such as a speaker's name, is not a BM25 candidate). BM25
+    itself is exact: ``bm_ids`` are the nodes scoring above that level, ``maxb`` the largest score of
+    any node, and :meth:`bm25` reads any node's score from ``scorer``.
     """
 
     ids: np.ndarray  # int64 (c,), distinct
@@ -167,13 +171,17 @@ class Candidates:
     maxb: float
     #: the nearest by cosine alone (a part of ``ids``)
     nearest: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-    #: the best BM25 score of a node outside the ``m`` best (ties kept whole): no node outside ``ids``
-    #: scores more (0 when every node with a query term is among ``ids``)
+    #: the best BM25 score of a node outside the BM25 candidates (the ``m``-th's when a tie is left
+    #: out): no node outside ``ids`` scores more (0 when every node with a query term is among ``ids``)
     bm_floor: float = 0.0
+    #: ``scorer(ids) -> float32`` BM25 scores of any node ids (``None``: 0 outside ``bm_ids``)
+    scorer: Callable[[np.ndarray], np.ndarray] | None = None
 
     def bm25(self, nids: np.ndarray) -> np.ndarray:
         """BM25 scores of node ids (0 for a node without a query term), float32."""
         nids = np.asarray(nids, dtype=np.int64)
+        if self.scorer is not None:
+            return np.asarray(self.scorer(nids), dtype=np.float32)
         if not len(self.bm_ids):
             return np.zeros(len(nids), np.float32)
         j = np.minimum(np.searchsorted(self.bm_ids, nids), len(self.bm_ids) - 1)
@@ -289,15 +297,22 @@ class CandidateSearch:
             return None
         found = ns.search(qvec, m)[0]
         found = found[found >= 0]
-        bm_ids, bm = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        bm_ids, bm, rest, scorer = np.zeros(0, np.int64), np.zeros(0, np.float32), 0.0, None
         if kind == "hybrid":
-            bm_ids, bm = self._lexical_index().nonzero(query)
-        maxb = float(bm.max()) if len(bm) else 0.0
-        cut = 0.0 if len(bm) <= m else float(np.partition(bm, len(bm) - m)[len(bm) - m])
-        top = bm_ids if len(bm) <= m else bm_ids[bm >= cut]
-        below = bm[bm < cut]
-        floor = float(below.max()) if len(below) else 0.0  # the best BM25 score outside the candidates
-        return Candidates(np.union1d(found, top), qvec, kind, weight, bm_ids, bm, maxb, found, floor)
+            # the nodes scoring above what the query's common terms can add (0 without such terms);
+            # every other node scores at most ``rest``
+            lex = self._lexical_index()
+            bm_ids, bm, rest = lex.above(query, lex.common_bound(query))
+            scorer = partial(lex.scores_for, query)
+        maxb = max(float(bm.max()) if len(bm) else 0.0, rest)
+        top, floor = bm_ids, rest
+        if len(bm) > m:  # the m best, ties by id: a tie left out scores the m-th's score, the floor
+            pos = top_k(bm_ids, bm, m)
+            out = np.ones(len(bm), dtype=bool)
+            out[pos] = False
+            top = np.sort(bm_ids[pos])
+            floor = max(float(bm[out].max()), rest)  # the best BM25 score outside the candidates
+        return Candidates(np.union1d(found, top), qvec, kind, weight, bm_ids, bm, maxb, found, floor, scorer)
 
     def _relevance_on(self, c: Candidates, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Relevance of the nodes ``ids`` (the candidates among them) for the query of ``c``.

@@ -15,6 +15,7 @@ removed text stays: its terms leave the vocabulary, and the stemmer keeps no wor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import Counter
@@ -27,7 +28,7 @@ import numpy as np
 from ..arrays import grow
 from ..types import InvalidInputError
 
-__all__ = ["LexicalIndex", "tokenize"]
+__all__ = ["COMMON_SHARE", "LexicalIndex", "tokenize"]
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_SCORES = np.zeros(0, dtype=np.float32)
@@ -35,6 +36,8 @@ K1 = 1.5
 B = 0.75
 _MIN_CAP = 4
 _DENSE_IDS = 1 << 20  # ids below this (or 4x the texts) also get an array slot for scores_for
+#: :meth:`LexicalIndex.common_bound`: a term held by more than this share of the texts is common
+COMMON_SHARE = 0.5
 _COMPACT_FLOOR = 4096  # dead postings tolerated before a compaction whatever the live count
 
 
@@ -78,6 +81,16 @@ def tokenize(texts: Sequence[str], *, stem: bool = True, stopwords: str | None =
         (Lù, 2024) tokenizer.
     """
     return _tokenize(texts, stopwords, _make_stemmer(stem))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sparse:
+    """A query's scores at the slots holding one of its rare terms (:meth:`LexicalIndex._sparse`)."""
+
+    slots: np.ndarray  # int64, ascending
+    scores: np.ndarray  # float64, aligned: the values _score_slots gives these slots
+    common: list[tuple[int, float]]  # (term id, times * idf) of its common terms, in query order
+    bound: float  # their sum: every other slot scores below it
 
 
 def _check_query(query: object) -> None:
@@ -133,8 +146,12 @@ class LexicalIndex:
         self._clear_postings()
 
     def _clear_postings(self) -> None:
-        #: ``(query, scores)`` of the last query scored; every change of the texts drops it
-        self._slot_memo: tuple[str, np.ndarray] | None = None
+        #: ``(query, scores)`` of the last query scored (every slot's, or :class:`_Sparse`); every change
+        #: of the texts drops it
+        self._slot_memo: tuple[str, np.ndarray | _Sparse] | None = None
+        #: term -> float64 (>= slots,): its count in each slot's live text, for the common terms a query
+        #: held (:meth:`_tf_of`), kept up to date by every change
+        self._tf_map: dict[int, np.ndarray] = {}
         self._vocab: dict[str, int] = {}
         # term -> its postings, one array per column (contiguous for scoring): slot, tf, generation
         self._post_slot: list[np.ndarray] = []  # int64 (cap,)
@@ -219,6 +236,8 @@ class LexicalIndex:
             tid = self._vocab[t]
             self._df[tid] -= 1
             self._post_dead[tid] += 1
+            if tid in self._tf_map:
+                self._tf_map[tid][slot] = 0.0
         self._total_len -= len(tokens)
         self._live_postings -= len(terms)
         self._dead_postings += len(terms)
@@ -258,6 +277,7 @@ class LexicalIndex:
             tid = vocab.get(t)
             if tid is not None and self._df[tid] == 0:
                 del vocab[t]
+                self._tf_map.pop(tid, None)
 
     def _post_text(self, slot: int, gen: int, tokens: list[str]) -> None:
         counts = Counter(tokens)
@@ -282,6 +302,11 @@ class LexicalIndex:
             self._post_gen[tid][n] = gen
             self._post_n[tid] = n + 1
             self._df[tid] += 1
+            tfm = self._tf_map.get(tid)
+            if tfm is not None:
+                if slot >= len(tfm):
+                    tfm = self._tf_map[tid] = grow(tfm, slot + 1, fill=0.0)
+                tfm[slot] = tf
         self._live_postings += len(counts)
 
     def _maybe_compact(self) -> None:
@@ -302,48 +327,122 @@ class LexicalIndex:
         query scored again before the texts change (a retrieval's ranking, then its hits' figures) is
         not scored twice."""
         memo = self._slot_memo
-        if memo is not None and memo[0] == query:
+        if memo is not None and memo[0] == query and isinstance(memo[1], np.ndarray):
             return memo[1]
         out = self._score_slots(query)
         out.setflags(write=False)
         self._slot_memo = (query, out)
         return out
 
-    def _score_slots(self, query: str) -> np.ndarray:
-        n = self._n_slots
-        out = np.zeros(n, dtype=np.float64)
+    def _terms(self, query: str) -> list[tuple[int, float, bool]]:
+        """The query's known terms in query order: ``(term id, times * idf, common)``, ``common`` when
+        more than :data:`COMMON_SHARE` of the texts hold the term."""
         N = len(self._tokens)
-        if N == 0 or self._total_len == 0:
-            return out
-        avgdl = self._total_len / N
-        q = _tokenize([query], self.stopwords, self._stemmer)[0]
-        gen = self._slot_gen[:n]
-        for t, times in Counter(x for x in q if x).items():
+        out = []
+        for t, times in Counter(x for x in _tokenize([query], self.stopwords, self._stemmer)[0] if x).items():
             tid = self._vocab.get(t)
             if tid is None or self._df[tid] == 0:
                 continue
             df = float(self._df[tid])
-            idf = math.log(1.0 + (N - df + 0.5) / (df + 0.5))
-            m = self._post_n[tid]
-            slots, tf = self._post_slot[tid][:m], self._post_tf[tid][:m]
-            if self._post_dead[tid]:  # drop the term's dead postings once, not at every query
-                keep = self._post_gen[tid][:m] == gen[slots]
-                live = int(keep.sum())
-                for col in (self._post_slot, self._post_tf, self._post_gen):
-                    col[tid][:live] = col[tid][:m][keep]
-                self._dead_postings -= m - live
-                self._post_n[tid], self._post_dead[tid] = live, 0
-                slots, tf = self._post_slot[tid][:live], self._post_tf[tid][:live]
-            # (times * idf) * tf / (tf + K1 * (1 - B + B * dl / avgdl)), in that order, in place
-            d = self._slot_len[slots]
-            d *= B
-            d /= avgdl
-            d += 1.0 - B
-            d *= K1
-            d += tf
-            x = tf * (times * idf)
-            x /= d
-            out[slots] += x
+            out.append((tid, times * math.log(1.0 + (N - df + 0.5) / (df + 0.5)), df > COMMON_SHARE * N))
+        return out
+
+    def _live(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, tf)`` of a term's live postings (its dead ones dropped once, not at every query)."""
+        m = self._post_n[tid]
+        if self._post_dead[tid]:
+            slots = self._post_slot[tid][:m]
+            keep = self._post_gen[tid][:m] == self._slot_gen[slots]
+            live = int(keep.sum())
+            for col in (self._post_slot, self._post_tf, self._post_gen):
+                col[tid][:live] = col[tid][:m][keep]
+            self._dead_postings -= m - live
+            self._post_n[tid], self._post_dead[tid] = live, 0
+            m = live
+        return self._post_slot[tid][:m], self._post_tf[tid][:m]
+
+    def _part(self, slots: np.ndarray, tf: np.ndarray, weight: float) -> np.ndarray:
+        """One term's BM25 part at ``slots``: ``weight * tf / (tf + K1 * (1 - B + B * dl / avgdl))``
+        with ``weight = times * idf``, computed in that order, elementwise (the same value wherever a
+        slot is scored from)."""
+        d = self._slot_len[slots]
+        d *= B
+        d /= self._total_len / len(self._tokens)
+        d += 1.0 - B
+        d *= K1
+        d += tf
+        x = tf * weight
+        x /= d
+        return x
+
+    def _score_slots(self, query: str) -> np.ndarray:
+        out = np.zeros(self._n_slots, dtype=np.float64)
+        if not self._tokens or self._total_len == 0:
+            return out
+        for tid, weight, _ in self._terms(query):
+            slots, tf = self._live(tid)
+            out[slots] += self._part(slots, tf, weight)
+        return out
+
+    def _tf_of(self, tid: int) -> np.ndarray:
+        """``float64 (>= n_slots,)``: the term's count in every slot's live text (0: not held), kept
+        from now on by every change of the texts."""
+        tfm = self._tf_map.get(tid)
+        if tfm is None:
+            tfm = np.zeros(self._n_slots, dtype=np.float64)
+            slots, tf = self._live(tid)
+            tfm[slots] = tf
+        elif len(tfm) < self._n_slots:
+            tfm = grow(tfm, self._n_slots, fill=0.0)
+        self._tf_map[tid] = tfm
+        return tfm
+
+    def _sparse(self, query: str, level: float) -> _Sparse | None:
+        """The query's scores at the slots holding one of its rare terms, when the query holds common
+        terms whose :meth:`common_bound` is at most ``level`` (every other slot scores below it);
+        ``None`` otherwise. O(postings of the rare terms x common terms): the common terms' postings,
+        which cover most slots, are read only at those slots."""
+        memo = self._slot_memo
+        if memo is not None and memo[0] == query and isinstance(memo[1], _Sparse):
+            return memo[1] if memo[1].bound <= level else None
+        if not self._tokens or self._total_len == 0:
+            return None
+        terms = self._terms(query)
+        bound = sum(w for _, w, common in terms if common)
+        if not 0.0 < bound <= level or all(common for _, _, common in terms):
+            return None
+        rare = {tid: self._live(tid) for tid, _, common in terms if not common}
+        slots = np.unique(np.concatenate([sl for sl, _ in rare.values()]))
+        out = np.zeros(len(slots), dtype=np.float64)
+        for tid, weight, common in terms:  # in query order, as _score_slots adds them
+            if common:
+                out += self._part(slots, self._tf_of(tid)[slots], weight)
+            else:
+                at, tf = rare[tid]
+                out[np.searchsorted(slots, at)] += self._part(at, tf, weight)
+        N = len(self._tokens)
+        for tid in [t for t in self._tf_map if self._df[t] * 4 <= COMMON_SHARE * N]:
+            del self._tf_map[tid]  # common no longer
+        sp = _Sparse(slots, out, [(tid, w) for tid, w, common in terms if common], bound)
+        self._slot_memo = (query, sp)
+        return sp
+
+    def _at(self, query: str, slots: np.ndarray) -> np.ndarray:
+        """``float64`` scores of the query at the given live slots: from the memo when it holds them,
+        else from every slot's scores (the same values either way)."""
+        memo = self._slot_memo
+        if memo is None or memo[0] != query or not isinstance(memo[1], _Sparse):
+            return self._slot_scores(query)[slots]
+        sp = memo[1]
+        pos = np.minimum(np.searchsorted(sp.slots, slots), max(len(sp.slots) - 1, 0))
+        inside = sp.slots[pos] == slots if len(sp.slots) else np.zeros(len(slots), dtype=bool)
+        out = np.zeros(len(slots), dtype=np.float64)
+        out[inside] = sp.scores[pos[inside]]
+        rest = slots[~inside]  # slots holding common terms only (or none)
+        part = np.zeros(len(rest), dtype=np.float64)
+        for tid, weight in sp.common:
+            part += self._part(rest, self._tf_of(tid)[rest], weight)
+        out[~inside] = part
         return out
 
     def scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
@@ -390,7 +489,6 @@ class LexicalIndex:
             out = np.zeros(len(ids), dtype=np.float32)
             if not self._tokens or len(ids) == 0:
                 return out
-            s = self._slot_scores(query)
             m = self._slot_by_id
             if int(ids.min()) >= 0 and int(ids.max()) < len(m):
                 slots = m[ids]
@@ -401,14 +499,14 @@ class LexicalIndex:
             for j in np.flatnonzero(slots < 0).tolist():  # ids kept only in the dict, or not stored
                 slots[j] = self._slot_of.get(int(ids[j]), -1)
             ok = slots >= 0
-            out[ok] = s[slots[ok]]
+            out[ok] = self._at(query, slots[ok])
             return out
 
     def nonzero(self, query: str) -> tuple[np.ndarray, np.ndarray]:
         """The ids whose BM25 score for ``query`` is above 0 and their scores, ids ascending.
 
         The same scores as :meth:`scores` (O(postings of the query terms + stored texts)), without the
-        ids that score 0.
+        ids that score 0 (:meth:`above` at level 0).
 
         Returns:
             ``(ids int64 (m,), scores float32 (m,))``.
@@ -416,17 +514,73 @@ class LexicalIndex:
         Raises:
             InvalidInputError: ``query`` is not a string.
         """
+        return self.above(query, 0.0)[:2]
+
+    def common_bound(self, query: str) -> float:
+        """An upper bound of what the query's common terms add to any text's score.
+
+        A term held by more than :data:`COMMON_SHARE` (half) of the stored texts (``idf < ln 2``; a
+        speaker's name rendered into every message has ``idf`` near 0) adds less than ``times * idf``
+        to any text (``tf / (tf + K) < 1``), ``times`` its count in the query. A text whose score is at
+        most the returned sum holds nothing of the query but such terms, or very little else.
+
+        Args:
+            query: the query string.
+
+        Returns:
+            ``sum(times * idf)`` over those terms, ``0.0`` when there is none.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
+        _check_query(query)
+        with self._lock:
+            return sum(w for _, w, common in self._terms(query) if common) if self._tokens else 0.0
+
+    def above(self, query: str, level: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """The ids scoring above ``level`` for ``query``, ids ascending, and the best score of the rest.
+
+        The same scores as :meth:`scores`; ``above(query, 0.0)`` is :meth:`nonzero` (with 0 for the
+        rest). O(postings of the query terms + stored texts); when ``level`` is at least the query's
+        :meth:`common_bound` (above 0), O(postings of its other terms x its common terms): only the
+        texts holding one of its other terms can score above ``level``, and the common terms' counts
+        are read at those texts alone (from a per-text count kept for each common term a query held).
+
+        Args:
+            query: the query string. level: a score ``>= 0``.
+
+        Returns:
+            ``(ids int64 (m,), scores float32 (m,), rest)``: no stored text that is not returned scores
+            above ``rest`` (a float32 value, as a float). It is their largest score (``0.0`` when there
+            is none), or, when the texts were read sparsely and some are returned, the query's
+            :meth:`common_bound` if that is larger.
+
+        Raises:
+            InvalidInputError: ``query`` is not a string.
+        """
         _check_query(query)
         with self._lock:
             if not self._tokens:
-                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
+                return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy(), 0.0
+            sp = self._sparse(query, level)
+            if sp is not None and bool(np.any(sp.scores > level)):
+                over = sp.scores > level
+                slots = sp.slots[over]
+                rest = float(np.float32(max(np.max(sp.scores, where=~over, initial=0.0), sp.bound)))
+                return self._ids_of(slots, sp.scores[over]) + (rest,)
             s = self._slot_scores(query)
-            slots = np.flatnonzero(s > 0)  # a dead slot scores 0
-            ids = self._slot_id[slots]
-            if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # slots mostly follow the ids
-                order = np.argsort(ids, kind="stable")
-                ids, slots = ids[order], slots[order]
-            return ids, s[slots].astype(np.float32)
+            over = s > level
+            slots = np.flatnonzero(over)  # a dead slot scores 0
+            rest = float(np.float32(np.max(s, where=~over, initial=0.0)))
+            return self._ids_of(slots, s[slots]) + (rest,)
+
+    def _ids_of(self, slots: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids ascending, float32 scores)`` of slots and their float64 scores."""
+        ids = self._slot_id[slots]
+        if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # slots mostly follow the ids
+            order = np.argsort(ids, kind="stable")
+            ids, scores = ids[order], scores[order]
+        return ids, scores.astype(np.float32)
 
     def top_k(self, query: str, k: int, subset: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best-scoring ids for ``query``, best first.

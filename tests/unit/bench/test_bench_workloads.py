@@ -11,10 +11,12 @@ from typer.testing import CliRunner
 
 from shared_core.bench import workloads as W
 from shared_core.bench.command import bench_command
+from shared_core.search.lexical import tokenize
 from shared_core.types import InvalidInputError
 
 KINDS = ["segtree", "memtree", "hat", "xmemory"]
 TIMINGS = ("turn", "add", "query")
+VOCAB = set(W.synthetic_vocabulary())
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +37,40 @@ def test_streams_carry_words_and_unit_vectors():
     for stream in W.STREAMS:
         texts, table = W.conversation_stream(stream, 50, seed=2)
         assert texts == W.conversation_stream(stream, 50, seed=2)[0]
-        assert all(t.startswith(f"message {i} ") and len(t.split()) == 10 for i, t in enumerate(texts))
-        assert all(w in vocab for t in texts for w in t.split()[2:])
+        name = f"{W.SPEAKER}: " if stream == "speaker" else ""
+        assert all(
+            t.startswith(f"{name}message {i} ") and len(t.split()) == 10 + bool(name)
+            for i, t in enumerate(texts)
+        )
+        assert all(w in vocab for t in texts for w in t.split()[2 + bool(name) :])
         X = np.stack([table[t] for t in texts])
         np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, atol=1e-5)
     with pytest.raises(InvalidInputError):
         W.conversation_stream("zigzag", 5)
+
+
+@pytest.mark.parametrize("stream", W.STREAMS)
+def test_speaker_stream_shares_a_word_with_every_query(stream):
+    """The speaker stream: every message and every query hold the speaker's name (a BM25 term of every
+    text); the other streams share "message" across every message, but no query holds it."""
+    texts, table = W.conversation_stream(stream, 300, seed=3)
+    rng = np.random.default_rng(4)
+    queries = [W.conversation_query(rng, table, texts, 300, str(i)) for i in range(40)]
+    assert all(q in table for q in queries) and len(set(queries)) == 40
+    tok_texts, tok_queries = tokenize(texts), tokenize(queries)
+    shared = set.intersection(*map(set, tok_texts))
+    held = shared & set.intersection(*map(set, tok_queries))
+    assert held == ({tokenize([W.SPEAKER])[0][0]} if stream == "speaker" else set())
+    assert tokenize(["message"])[0][0] in shared
+    rank = {w: i for i, w in enumerate(W.synthetic_vocabulary())}
+    for q in queries:  # speaker: the name and 3 words; else 4 words of a stored message and 2 of another
+        words = q.split()[2:]
+        if stream != "speaker":
+            assert len(words) == 6 and all(w in VOCAB for w in words)
+            continue
+        assert words[0] == W.SPEAKER and len(words) == 4
+        rarest = {tuple(sorted(set(t.split()[3:]), key=lambda w: (-rank[w], w))[:3]) for t in texts}
+        assert tuple(words[1:]) in rarest
 
 
 def test_memories_keep_their_default_relevance_and_policy():
@@ -64,11 +94,11 @@ def test_conversation_document(conversation_doc):
         st["sizes"] == [60, 120]
         and st["window"] == 5
         and st["k"] == 10
-        and st["streams"] == ["topical", "random"]
+        and st["streams"] == ["topical", "random", "speaker"]
     )
     assert conv["not_run"] == [] and list(conv["results"]) == KINDS
     for kind in KINDS:
-        assert list(conv["results"][kind]) == ["topical", "random"]
+        assert list(conv["results"][kind]) == ["topical", "random", "speaker"]
         for stream, r in conv["results"][kind].items():
             assert r["memory"] == kind and r["stream"] == stream and r["relevance"] == "hybrid"
             assert r["peak_rss_bytes"] > 0
@@ -87,6 +117,9 @@ def test_conversation_document(conversation_doc):
                     flat = s["flat"][t]["p50_ms"]
                     want = s["memory"][t]["p50_ms"] / flat if flat > 0 else None
                     assert s["ratio_p50"][t] == pytest.approx(want), (kind, stream, t)
+                    flat = s["flat"][t]["p99_ms"]
+                    want = s["memory"][t]["p99_ms"] / flat if flat > 0 else None
+                    assert s["ratio_p99"][t] == pytest.approx(want), (kind, stream, t)
 
 
 def test_conversation_markdown_and_files(conversation_doc, tmp_path):
@@ -96,7 +129,8 @@ def test_conversation_markdown_and_files(conversation_doc, tmp_path):
     assert again["conversation"]["results"]["hat"]["random"]["sizes"][1]["leaves"] == 120
     md = (tmp_path / "workloads.md").read_text()
     assert "## A conversation at scale" in md and "| xmemory | random | 120 |" in md
-    assert len(W.conversation_rows(conversation_doc)) == 4 * 2 * 2
+    assert "| segtree | speaker | 120 |" in md
+    assert len(W.conversation_rows(conversation_doc)) == 4 * 3 * 2
 
 
 def test_ingest_document():
@@ -155,7 +189,7 @@ def test_cli_conversation(tmp_path):
         "segtree",
     ]
     assert (out / "workloads.md").exists() and not (out / "bench.json").exists()
-    assert "p50 / flat" in res.output
+    assert "p50 / flat" in res.output and "p99 / flat" in res.output
 
 
 @pytest.mark.parametrize(

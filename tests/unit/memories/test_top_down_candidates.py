@@ -17,6 +17,7 @@ from shared_core import HAT, MemTree, SegTreeMem
 from shared_core.search import candidates as R
 from shared_core.search.candidates import ancestors, descendants, floor_of, relevance_bound
 from shared_core.search.index import top_k
+from shared_core.search.lexical import tokenize
 from shared_core.types import InvalidInputError
 from tests.support.xmemory import QUERIES, BowEmbedder, _messages
 
@@ -269,3 +270,69 @@ def test_a_deletion_leaves_no_code_in_the_ivf_index(kind, monkeypatch):
     for i in held:  # rewritten summaries are encoded again from their new vectors (8-bit codes)
         assert np.abs(held[i] - now[i]).max() < 0.05
     assert changed or kind == "hat"  # the deleted leaf's ancestors were rewritten
+
+
+def _speaker_memory(kind: str, n: int = 240):
+    """Every message holds the speaker's name, as Message.render writes it."""
+    emb = BowEmbedder()
+    mem = {"segtree": SegTreeMem, "memtree": MemTree, "hat": HAT}[kind](embedder=emb)
+    msgs = [f"Caroline: {t}" for t in _messages(n, seed=6)]
+    for i in range(0, n, 8):
+        mem.add(msgs[i : i + 8])
+    return mem
+
+
+@pytest.mark.parametrize("kind", ["segtree", "memtree", "hat"])
+def test_a_word_of_every_message_makes_no_bm25_candidate(kind, monkeypatch):
+    """A query naming the speaker of every message: the BM25 candidates are the nodes holding another
+    query word (a node holding only the name scores about nothing), and the hits over the candidates
+    are still the exhaustive hits (the default policy, collapsed, and top_down)."""
+    mem = _speaker_memory(kind)
+    k = 3
+    lex = mem._lexical_index()
+    for q in ["What did Caroline say about chess?", "Caroline bees", "Caroline market river"]:
+        words = set(tokenize([q])[0]) - {"carolin"}
+        holders = {i for i, n in mem._store.nodes.items() if n.text and words & set(tokenize([n.text])[0])}
+        per_hit = len(holders) // (3 * k + 8) + 2  # more BM25 candidates than nodes holding a word
+        with monkeypatch.context() as mp:
+            _forced(mem, mp, per_hit=per_hit)
+            m = per_hit * (3 * k + 8)
+            assert len(holders) < m < len(mem._index)
+            qvec = mem._embed_query(q)
+            c = mem._relevance_candidates(q, "hybrid", mem.hybrid_weight, m, qvec)
+            assert set(c.ids.tolist()) - set(c.nearest.tolist()) <= holders
+            assert set(c.bm_ids.tolist()) <= holders
+            everything = dict(zip(*(a.tolist() for a in lex.scores(q))))
+            assert c.maxb == pytest.approx(max(everything.values()), rel=1e-6)
+            outside = [s for i, s in everything.items() if i not in set(c.ids.tolist())]
+            assert c.bm_floor >= max(outside)  # no node outside the candidates scores more
+            np.testing.assert_array_equal(
+                c.bm25(np.asarray(sorted(everything))), lex.scores_for(q, sorted(everything))
+            )
+            for policy in ("collapsed", "top_down"):
+                got = mem.retrieve(q, k=k, policy=policy)
+                assert mem.last_candidates is not None
+                _same(got, _exhaustive(mem, q, k=k, policy=policy))
+
+
+@pytest.mark.parametrize("kind", ["segtree", "hat"])
+def test_bm25_candidates_cut_a_tie_by_node_id(kind, monkeypatch):
+    """Many messages of one length hold the query's word once: they tie in BM25. The BM25 candidates
+    are the m best with ties by node id (not the whole tie), the floor is the tie's score, and the hits
+    over the candidates are the exhaustive hits."""
+    mem = _speaker_memory(kind)
+    k, q = 3, "Caroline chess"
+    with monkeypatch.context() as mp:
+        _forced(mem, mp, per_hit=1)
+        m = 3 * k + 8
+        lex = mem._lexical_index()
+        ids, sc = lex.above(q, lex.common_bound(q))[:2]
+        cut = np.sort(sc)[::-1][m - 1]
+        assert (sc == cut).sum() > 1 and (sc >= cut).sum() > m  # a tie across the m-th
+        c = mem._relevance_candidates(q, "hybrid", mem.hybrid_weight, m, mem._embed_query(q))
+        want = ids[np.lexsort((ids, -sc))[:m]]
+        assert set(c.ids.tolist()) - set(c.nearest.tolist()) == set(want.tolist()) - set(c.nearest.tolist())
+        assert set(want.tolist()) <= set(c.ids.tolist()) and c.bm_floor == pytest.approx(float(cut))
+        for policy in ("collapsed", "top_down"):
+            got = mem.retrieve(q, k=k, policy=policy)
+            _same(got, _exhaustive(mem, q, k=k, policy=policy))
