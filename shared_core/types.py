@@ -377,6 +377,12 @@ class Hit:
         rank: 1-based position in the policy's order (0 on a hit not made by ``retrieve``).
         policy: the retrieval policy that ranked it (``""`` on a hit not made by ``retrieve``).
         path: node ids from the root down to this node (empty on a hit not made by ``retrieve``).
+        superseded_by: the source ids (``Message.id``; ``"node:<id>"`` for a message without one) of
+            the newer messages that restate this leaf's statement with another value, as of the
+            retrieval's ``as_of``; empty while the statement is current (and on internal nodes).
+        valid_from: the leaf's ``Message.timestamp`` (``None`` without one, and on internal nodes).
+        valid_to: the timestamp of the earliest newer statement that supersedes it; ``None`` while it
+            is current (or when that message has no timestamp).
     """
 
     node_id: int
@@ -391,6 +397,9 @@ class Hit:
     rank: int = 0
     policy: str = ""
     path: list[int] = field(default_factory=list)
+    superseded_by: tuple[str, ...] = ()
+    valid_from: str | None = None
+    valid_to: str | None = None
 
     def explain(self) -> str:
         """Why the hit ranked where it did, in words: its place in the policy's order and the figure
@@ -413,6 +422,9 @@ class Hit:
         extra = ""
         if "neighbour_of" in self.metadata:
             extra = f" It was added as a neighbour of node {self.metadata['neighbour_of']}."
+        if self.superseded_by:
+            when = f" on {self.valid_to}" if self.valid_to else ""
+            extra += f" It was replaced{when} by {', '.join(self.superseded_by)}."
         return f"{head}: {what} ({where}); {', '.join(parts)}.{extra}"
 
 

@@ -26,6 +26,8 @@ follow the embedder's cosine (given one) or the word overlap of the texts involv
   30 words; the reader: the first 8 words of the memory sentence sharing most
   content words with the question, with log-probabilities ``-2 (1 - c)`` per answer word, ``c`` the
   share of the question's content words found in the memories.
+* The supersession judge (every memory with an LLM): the ids of the earlier statements the LLM-free rule
+  (:mod:`shared_core.memories.updates`) says the new one updates.
 
 Completion lengths are therefore set by this stand-in, not by a model: a real model's summaries may be
 shorter or longer. Prompt lengths are the memories' own.
@@ -38,9 +40,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from ..memories.updates import statement_of, updates
 from ..prompts import hat as HP
 from ..prompts import memtree as MP
 from ..prompts import segtree as SP
+from ..prompts import updates as UP
 from ..prompts import xmemory as XP
 from ..types import parse_timestamp
 from .openai_server import Reply
@@ -60,6 +64,7 @@ PROMPT_KINDS: dict[str, str] = {
     XP.SEMANTIC_SYSTEM: "xmemory.facts",
     XP.THEME_SYSTEM: "xmemory.theme",
     XP.READER_SYSTEM: "xmemory.reader",
+    UP.JUDGE_SYSTEM: "memory.supersession",
 }
 """System message -> prompt kind (``"<memory>.<prompt>"``) of every prompt the memories send."""
 
@@ -250,3 +255,9 @@ class ScriptedResponder:
         text = _cut(best, 8)
         nll = 2.0 * (1.0 - _share(question, memory))
         return Reply(text=text, logprobs=[-nll] * len(text.split()))
+
+    # ------------------------------------------------------------------ every memory
+    def _memory_supersession(self, user: str, blocks: Sequence[str]) -> str:
+        ids = [int(i) for i in re.findall(r"^\[(\d+)\]\s*$", user, flags=re.MULTILINE)]
+        new = statement_of(blocks[-1])
+        return json.dumps([i for i, b in zip(ids, blocks) if updates(statement_of(b), new)])

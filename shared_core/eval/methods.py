@@ -15,7 +15,8 @@ Method specs (``--methods``, comma-separated):
 * ``segtree:top_down``: one policy (it still shares the ``segtree`` build);
 * ``segtree[relevance=dense,threshold=0.4]:top_down``: constructor options (values parsed as JSON when
   they can be, e.g. numbers and booleans, else kept as strings); options make a separate build;
-  ``time_weight`` and ``order_weight`` (:data:`RETRIEVAL_OPTIONS`) set the memory's time prior;
+  ``time_weight`` and ``order_weight`` (:data:`RETRIEVAL_OPTIONS`) set the memory's time prior,
+  ``supersession`` how it marks updates (``segtree[supersession=off]``);
 * ``flat_dense`` (alias ``dense``), ``bm25`` (English stop words + Snowball stemming),
   ``bm25_unstemmed``, ``hybrid`` (alias ``rrf``: reciprocal-rank fusion of dense and stemmed BM25),
   ``fusion`` (max-normalised convex fusion of ``max(cos, 0)`` and stemmed BM25, what a memory's
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..memories.supersession import SUPERSESSION_MODES
 from ..search.relevance import DEFAULT_HYBRID_WEIGHT, check_weight
 from ..types import HierMemError, InvalidInputError, LLMRequiredError, UnknownPolicyError
 
@@ -75,9 +77,10 @@ DEFAULT_BASELINES = ("flat_dense", "bm25", "hybrid", "fusion")
 """The baselines of the ``all`` and ``baselines`` groups (a run with LongMemEval data adds
 ``session_docs``, see :func:`~shared_core.eval.runner.run_eval`)."""
 
-RETRIEVAL_OPTIONS = ("time_weight", "order_weight")
-"""Memory options that are retrieval settings (attributes set on the built memory, weights in
-``[0, 1]``) rather than constructor arguments: ``xmemory[time_weight=0]`` is xMemory time-blind."""
+RETRIEVAL_OPTIONS = ("time_weight", "order_weight", "supersession")
+"""Memory options that are settings of the built memory (attributes set on it: the weights in ``[0, 1]``,
+``supersession`` one of ``auto``, ``rule``, ``llm``, ``off``) rather than constructor arguments:
+``xmemory[time_weight=0]`` is xMemory time-blind, ``hat[supersession=off]`` HAT without supersession."""
 
 _ALIASES = {"dense": "flat_dense", "flat": "flat_dense", "bm25_stemmed": "bm25", "rrf": "hybrid"}
 
@@ -477,5 +480,12 @@ def _make_build(spec: MethodSpec, embedder: Any, llm: Any) -> Any:
     except TypeError as e:
         raise InvalidInputError(f"Method {spec.build!r}: bad option ({e}).") from None
     for name, value in tuned.items():
-        setattr(mem, name, check_weight(value, name))
+        if name == "supersession":
+            if value not in SUPERSESSION_MODES:
+                raise InvalidInputError(
+                    f"Method {spec.build!r}: supersession must be one of {', '.join(SUPERSESSION_MODES)}."
+                )
+            mem.supersession = value
+        else:
+            setattr(mem, name, check_weight(value, name))
     return mem

@@ -50,6 +50,7 @@ from .forgetting import Forgetting
 from .management import Management
 from .reading import Reading
 from .store_binding import StoreBinding
+from .supersession import Supersession
 
 __all__ = [
     "ADMISSIBLE",
@@ -69,7 +70,9 @@ ANNOTATION_VECTORS = ("composed", "embedded")
 M = TypeVar("M", bound="HierarchicalMemory")
 
 
-class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Management, Reading, abc.ABC):
+class HierarchicalMemory(
+    Ranking, NodeVectors, StoreBinding, Forgetting, Management, Reading, Supersession, abc.ABC
+):
     """Base class of the hierarchical memories.
 
     Args:
@@ -338,6 +341,7 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
                 tick(len(report.leaf_ids))
             # new leaves first: their sentences' vectors come with them, before any summary is made
             self._embed_pending(report.usage, leaves_only=True)
+            self._mark_supersession(report.leaf_ids, report.usage)
             self._before_commit(report.usage)
             self._embed_pending(report.usage)
 
@@ -698,13 +702,16 @@ class HierarchicalMemory(Ranking, NodeVectors, StoreBinding, Forgetting, Managem
             self._max_tokens = max_tokens
             self._allowed = None if flt is None else self._allowed_nodes(flt)
             self.last_candidates = None
-            cue = self._time_cue(query, None if flt is None else flt.as_of, time_weight)
-            fetch = k if cue is None else max(4 * k, 40)
+            as_of = None if flt is None else flt.as_of
+            cue = self._time_cue(query, as_of, time_weight)
+            fetch = k if cue is None and not self._newer_map() else max(4 * k, 40)
             try:
                 cands = self._shaped(self._retrieve(query, policy, fetch, **params), fetch)
                 if cue is not None:
                     cands = self._time_ranked(cands, cue)
+                cands = self._current_first(cands, as_of)
                 hits = self._readable(query, self._to_hits(cands, k, max_tokens), policy)
+                hits = self._with_marks(hits, as_of)
             finally:
                 self._max_tokens = None
                 self._allowed = None

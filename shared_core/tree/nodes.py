@@ -15,7 +15,11 @@ from typing import Any
 
 from ..types import HierMemError, Message, NodeNotFoundError
 
-__all__ = ["Node", "NodeStore", "TreeInvariantError"]
+__all__ = ["SUPERSEDES", "Node", "NodeStore", "TreeInvariantError"]
+
+#: ``Node.data`` key of a leaf that supersedes earlier leaves: their node ids, ascending (a list of ints;
+#: see :mod:`shared_core.memories.supersession`)
+SUPERSEDES = "supersedes"
 
 
 class TreeInvariantError(HierMemError, AssertionError):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import grow, positions
-from .nodes import NodeStore
+from .nodes import SUPERSEDES, NodeStore
 
 __all__ = ["NodeArrays"]
 
@@ -28,6 +28,8 @@ class NodeArrays:
         parent: ``int64``: the parent's node id, ``-1`` for a root or a missing node.
         level: ``int64``: the node's ``level``.
         leaf: ``bool``: whether the node stores a message.
+        supersedes: ``bool``: whether the node (a leaf) names earlier leaves it supersedes
+            (``Node.data[SUPERSEDES]``, see :mod:`shared_core.memories.supersession`).
 
     The first :meth:`sync` with a store (and any sync with another store object, e.g. after a load or
     a reset) reads every node; later ones read only the ids the store reports as changed. One
@@ -39,12 +41,14 @@ class NodeArrays:
         self.parent = np.full(0, -1, dtype=np.int64)
         self.level = np.zeros(0, dtype=np.int64)
         self.leaf = np.zeros(0, dtype=bool)
+        self.supersedes = np.zeros(0, dtype=bool)
 
     def _read(self, store: NodeStore, ids: Any) -> None:
         n = store.next_id
         self.parent = grow(self.parent, n, -1)
         self.level = grow(self.level, n, 0)
         self.leaf = grow(self.leaf, n, False)
+        self.supersedes = grow(self.supersedes, n, False)
         nodes = store.nodes
         for nid in ids:
             node = nodes.get(nid)
@@ -52,11 +56,13 @@ class NodeArrays:
                 continue
             if node is None:
                 self.parent[nid], self.level[nid], self.leaf[nid] = -1, 0, False
+                self.supersedes[nid] = False
             else:
                 p = node.parent
                 self.parent[nid] = -1 if p is None else p
                 self.level[nid] = node.level
                 self.leaf[nid] = node.is_leaf
+                self.supersedes[nid] = bool(node.data.get(SUPERSEDES))
 
     def sync(self, store: NodeStore) -> None:
         """Bring the arrays up to date with ``store`` (O(changed nodes); O(n) for a new store)."""
@@ -66,6 +72,7 @@ class NodeArrays:
             self.parent = np.full(store.next_id, -1, dtype=np.int64)
             self.level = np.zeros(store.next_id, dtype=np.int64)
             self.leaf = np.zeros(store.next_id, dtype=bool)
+            self.supersedes = np.zeros(store.next_id, dtype=bool)
             self._read(store, list(store.nodes))
         elif changed:
             self._read(store, changed)

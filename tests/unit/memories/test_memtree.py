@@ -372,6 +372,7 @@ def test_aggregation_prompt_through_openai_client(openai_server):
     openai_server.default_chat = "Pet notes: a pet dog, a pet cat."
     llm = OpenAIChat("test-model", base_url=openai_server.base_url, max_retries=0)
     mem = MemTree(KeywordEmbedder(), llm)
+    mem.supersession = "rule"  # the aggregation's calls alone (the judge's are tested apart)
     assert isinstance(mem.summarizer, MemTreeAggregator)
     r1 = mem.add(M[0])
     assert r1.usage.llm_calls == 0

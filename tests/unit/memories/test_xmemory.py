@@ -746,6 +746,9 @@ def _visit_memory(reader: OpenAIChat | None, **kw) -> XMemory:
     # the episodes' vectors are the table's for their texts: embedded, not composed from sentences
     kw.setdefault("annotation_vectors", "embedded")
     mem = XMemory(embedder=TableEmbedder(table), reader=reader, dedup_threshold=0.9, **kw)
+    # four visits, not one fact updated: the LLM-free rule would read "place one" -> "place two" as an
+    # update and move the newer visit up (the policy's own order is what these tests check)
+    mem.supersession = "off"
     for text in VISITS:
         mem.add(Message(text))
         mem.flush()
