@@ -36,7 +36,9 @@ def hit_to_document(hit: Hit) -> Document:
         (``Message.id``) for a leaf that has one, else ``str(hit.node_id)``; the metadata holds the
         hit's own metadata (e.g. ``level``, ``kind``, ``policy``, ``role``, ``speaker``, ``timestamp`` and
         the message's metadata) and then ``score`` (float), ``depth`` (int), ``span`` (``[first, last]``
-        insertion indices, 0-based), ``source_ids`` (list of str), ``node_id`` (int), ``is_leaf`` (bool).
+        insertion indices, 0-based), ``source_ids`` (list of str), ``node_id`` (int), ``is_leaf`` (bool),
+        and the supersession marks ``superseded_by`` (list of the newer source ids, empty while current),
+        ``valid_from`` and ``valid_to`` (timestamps or ``None``; see :class:`~shared_core.types.Hit`).
 
     References:
         Core :class:`~shared_core.types.Hit`; LangChain ``Document``.
@@ -49,6 +51,9 @@ def hit_to_document(hit: Hit) -> Document:
         source_ids=list(hit.source_ids),
         node_id=int(hit.node_id),
         is_leaf=bool(hit.is_leaf),
+        superseded_by=list(hit.superseded_by),
+        valid_from=hit.valid_from,
+        valid_to=hit.valid_to,
     )
     doc_id = hit.source_ids[0] if hit.is_leaf and hit.source_ids else str(hit.node_id)
     return Document(page_content=hit.text, metadata=md, id=doc_id)

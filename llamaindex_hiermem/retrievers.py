@@ -33,7 +33,19 @@ __all__ = [
 ]
 
 #: Metadata keys every node built from a hit carries; hidden from the LLM and embedding views.
-STRUCTURE_KEYS = ("node_id", "depth", "span", "source_ids", "is_leaf", "level", "kind", "policy")
+STRUCTURE_KEYS = (
+    "node_id",
+    "depth",
+    "span",
+    "source_ids",
+    "is_leaf",
+    "level",
+    "kind",
+    "policy",
+    "superseded_by",
+    "valid_from",
+    "valid_to",
+)
 # At most this many rounds of doubling k when a scoped retrieval keeps fewer hits than asked for.
 
 
@@ -186,12 +198,14 @@ def hit_to_node(
 
     Every node's metadata carries the structure keys ``node_id`` (core node id, int), ``depth``, ``span``
     (``[first, last]`` insertion indices, 0-based), ``source_ids`` (list of str), ``is_leaf``, ``level``,
-    ``kind`` and ``policy``, all hidden from the LLM and embedding views (they replace metadata keys of
-    the same names). A leaf whose source id names a node in ``docstore`` is returned as a copy of that
-    stored node (same id, text, relationships and metadata) with the structure keys added; the stored
-    node is not changed. Any other hit becomes a new :class:`~llama_index.core.schema.TextNode` with the
-    hit's text and the message fields (leaves) in its metadata. An internal node has a ``CHILD``
-    relationship to each leaf under it that has a source id (the docstore's nodes).
+    ``kind``, ``policy`` and the supersession marks ``superseded_by`` (the newer source ids, empty while
+    current), ``valid_from`` and ``valid_to`` (see :class:`~shared_core.types.Hit`), all hidden from the LLM
+    and embedding views (they replace metadata keys of the same names). A leaf whose source id names a node
+    in ``docstore`` is returned as a copy of that stored node (same id, text, relationships and metadata)
+    with the structure keys added; the stored node is not changed. Any other hit becomes a new
+    :class:`~llama_index.core.schema.TextNode` with the hit's text and the message fields (leaves) in its
+    metadata. An internal node has a ``CHILD`` relationship to each leaf under it that has a source id (the
+    docstore's nodes).
 
     Args:
         hit: a core :class:`~shared_core.types.Hit`.
@@ -213,6 +227,9 @@ def hit_to_node(
             "span": [int(hit.span[0]), int(hit.span[1])],
             "source_ids": list(hit.source_ids),
             "is_leaf": hit.is_leaf,
+            "superseded_by": list(hit.superseded_by),
+            "valid_from": hit.valid_from,
+            "valid_to": hit.valid_to,
         }
     )
     hidden = [k for k in STRUCTURE_KEYS if k in meta]

@@ -131,6 +131,13 @@ class RecallHit(BaseModel):
     )
     timestamp: str | None = Field(default=None, description="The message's timestamp (leaves only).")
     speaker: str | None = Field(default=None, description="The message's speaker (leaves only).")
+    superseded_by: list[str] = Field(
+        default_factory=list,
+        description="Ids of newer messages that restate this one with another value (empty while current).",
+    )
+    valid_to: str | None = Field(
+        default=None, description="When the earliest of those newer messages was said (None while current)."
+    )
 
 
 # --------------------------------------------------------------------------- argument types
@@ -406,7 +413,8 @@ class HierMemTools:
 
         Returns:
             Hits with text, score, is_leaf, span, source_ids (message ids), timestamp and speaker
-            (of a leaf's message).
+            (of a leaf's message), and for a message that a newer one restates with another value
+            (as of ``as_of``), ``superseded_by`` (the newer ids) and ``valid_to`` (when it was replaced).
 
         Raises:
             ToolError: a bad namespace or one the token may not use, an empty query, an unknown
@@ -438,6 +446,8 @@ class HierMemTools:
                     source_ids=[str(s) for s in h.source_ids],
                     timestamp=None if ts is None else str(ts),
                     speaker=None if who is None else str(who),
+                    superseded_by=list(h.superseded_by),
+                    valid_to=h.valid_to,
                 )
             )
         return out

@@ -223,3 +223,29 @@ def test_store_filter_in_and_nin_on_list_and_scalar_fields() -> None:
     assert {it.key for it in store.search(ns, query="dog", filter=either, limit=10)} == {"k0", "k5"}
     with pytest.raises(InvalidInputError, match="got None"):
         store.search(ns, filter={"tags": {"$in": [None]}})
+
+
+def test_documents_carry_supersession_and_the_retriever_passes_as_of() -> None:
+    """A replaced statement's Document names the newer one and when it was replaced; as_of reads it as
+    current before then (and leaves the newer one out)."""
+    mem = SegTreeMem(HashEmbedder())
+    mem.add(
+        [
+            Message(
+                "I've watched 10 Crash Course videos so far this year.", id="old", timestamp="2024-01-05"
+            ),
+            Message(
+                "I just finished watching my 15th Crash Course video this year!",
+                id="new",
+                timestamp="2024-03-01",
+            ),
+        ]
+    )
+    docs = HierMemRetriever(memory=mem, search_kwargs={"k": 2}).invoke("Crash Course videos watched")
+    assert [d.id for d in docs] == ["new", "old"]
+    assert (docs[1].metadata["superseded_by"], docs[1].metadata["valid_to"]) == (["new"], "2024-03-01")
+    assert (docs[0].metadata["superseded_by"], docs[0].metadata["valid_from"]) == ([], "2024-03-01")
+    then = HierMemRetriever(memory=mem, search_kwargs={"k": 2}).invoke(
+        "Crash Course videos", as_of="2024-02-01"
+    )
+    assert [(d.id, d.metadata["superseded_by"]) for d in then] == [("old", [])]

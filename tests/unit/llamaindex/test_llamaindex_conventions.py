@@ -121,3 +121,31 @@ def test_as_of_and_min_score_reach_the_memory():
     cut = max(n.score for n in every)
     kept = LIRetriever(mem, similarity_top_k=5, min_score=cut).retrieve("where do I live")
     assert [n.score for n in kept] == [n.score for n in every if n.score >= cut]
+
+
+def test_nodes_carry_supersession_marks():
+    from llamaindex_hiermem.retrievers import HierMemRetriever as LIRetriever
+    from shared_core import Message, SegTreeMem
+    from tests.support.memory import HashEmbedder
+
+    mem = SegTreeMem(embedder=HashEmbedder())
+    mem.add(
+        [
+            Message("I've watched 10 Crash Course videos so far this year.", timestamp="2024-01-05", id="a"),
+            Message(
+                "I just finished watching my 15th Crash Course video this year!",
+                timestamp="2024-03-01",
+                id="b",
+            ),
+        ]
+    )
+    got = LIRetriever(mem, similarity_top_k=2).retrieve("Crash Course videos watched")
+    md = {n.node.metadata["source_ids"][0]: n.node.metadata for n in got}
+    assert [n.node.metadata["source_ids"] for n in got] == [["b"], ["a"]]
+    assert (md["a"]["superseded_by"], md["a"]["valid_from"], md["a"]["valid_to"]) == (
+        ["b"],
+        "2024-01-05",
+        "2024-03-01",
+    )
+    assert (md["b"]["superseded_by"], md["b"]["valid_to"]) == ([], None)
+    assert "superseded_by" in got[0].node.excluded_embed_metadata_keys

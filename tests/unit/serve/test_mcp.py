@@ -133,3 +133,22 @@ def test_parse_host_port() -> None:
     for bad in ("8000", ":8000", "host:", "host:0", "host:70000", "host:http"):
         with pytest.raises(InvalidInputError):
             parse_host_port(bad)
+
+
+async def test_recall_marks_a_replaced_statement(local_embedder: Any) -> None:
+    """A statement a newer one restates with another value comes back with the newer id and the time it
+    was replaced, the newer one first; as of a time before the update it is current."""
+    server = build_server(open_store(None, "segtree", local_embedder))
+    async with Client(server) as client:
+        msgs = [
+            ("I've watched 10 Crash Course videos so far this year.", "ana", "2024-01-05T10:00:00"),
+            ("I just finished watching my 15th Crash Course video this year!", "ana", "2024-03-01T10:00:00"),
+        ]
+        ids = await _remember_all(client, "ana", msgs)
+        q = {"namespace": "ana", "query": "how many Crash Course videos have I watched?"}
+        hits = await _ok(client, "recall", q)
+        assert [h["source_ids"] for h in hits] == [[ids[1]], [ids[0]]]
+        assert (hits[1]["superseded_by"], hits[1]["valid_to"]) == ([ids[1]], msgs[1][2])
+        assert (hits[0]["superseded_by"], hits[0]["valid_to"]) == ([], None)
+        (old,) = await _ok(client, "recall", {**q, "as_of": "2024-02-01"})
+        assert (old["source_ids"], old["superseded_by"], old["valid_to"]) == ([ids[0]], [], None)
