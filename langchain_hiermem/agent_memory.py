@@ -19,7 +19,7 @@ from langgraph.store.base import BaseStore, GetOp, PutOp
 
 from shared_core.namespaces import MemoryStore, normalize_namespace
 from shared_core.prompts import fence
-from shared_core.types import InvalidInputError, Message, count_tokens
+from shared_core.types import HierMemError, InvalidInputError, Message, count_tokens
 
 from .errors import MissingUserError
 
@@ -137,6 +137,9 @@ class Recalled:
         ids: the message ids it stands for (one for a turn, several for a summary).
         order: its place in the memory (earlier first), used to show entries chronologically.
         score: the memory's score (best first).
+        replaced_on: for a statement a newer one restates with another value, when that one was said
+            (``Hit.valid_to``), else ``None``.
+        replaced_by: the text of the statement that replaced it (the newest of its chain), else ``None``.
     """
 
     text: str
@@ -145,12 +148,32 @@ class Recalled:
     ids: tuple[str, ...]
     order: Any
     score: float = 0.0
+    replaced_on: str | None = None
+    replaced_by: str | None = None
+
+    @property
+    def replaced(self) -> bool:
+        """Whether a newer statement replaced this one."""
+        return self.replaced_on is not None or self.replaced_by is not None
+
+
+#: at most this many characters of a replacing statement are shown after a replaced one
+REPLACED_BY_CHARS = 200
+#: the values of ``superseded=`` of :class:`~langchain_hiermem.middleware.HierMemMiddleware`
+SUPERSEDED_MODES = ("mark", "omit")
 
 
 def _line(r: Recalled) -> str:
     when = f"[{r.timestamp[:10]}] " if r.timestamp else ""
     who = f"{r.role}: " if r.role else "summary of earlier messages: "
-    return f"- {when}{who}{fence(r.text.strip())}"
+    note = ""
+    if r.replaced:
+        on = f" on {r.replaced_on[:10]}" if r.replaced_on else ""
+        by = r.replaced_by or ""
+        if len(by) > REPLACED_BY_CHARS:
+            by = by[: REPLACED_BY_CHARS - 3].rstrip() + "..."
+        note = f" (replaced{on} by: {fence(' '.join(by.split()))})" if by else f" (replaced{on})"
+    return f"- {when}{who}{fence(r.text.strip())}{note}"
 
 
 def render_recalled(
@@ -191,12 +214,14 @@ def recall_block(
     max_tokens: int | None,
     header: str = DEFAULT_HEADER,
     visible: Collection[str] = (),
+    superseded: str = "mark",
 ) -> str | None:
     """What ``ns`` recalls for ``query``, as the fenced block of :func:`render_recalled`.
 
     Turns the model already sees (their message ids in ``visible``, the thread's messages) and turns
     whose text is the query itself (the same question asked in an earlier thread) are left out; the
-    best ``k`` of the rest are candidates for the budget.
+    best ``k`` of the rest are candidates for the budget. A statement a newer one replaced is shown
+    with ``(replaced on <date> by: <newer text>)`` (``superseded="mark"``) or left out (``"omit"``).
 
     Returns:
         The block, or ``None`` when nothing is recalled or nothing fits.
@@ -209,6 +234,8 @@ def recall_block(
         if r.role is None
         or not ((r.ids and set(r.ids) <= set(visible)) or " ".join(r.text.split()) == wanted)
     ]
+    if superseded == "omit":
+        fresh = [r for r in fresh if not r.replaced]
     block, _ = render_recalled(fresh[:k], max_tokens, header)
     return block
 
@@ -270,9 +297,22 @@ class _MemoryStoreBackend(MemoryBackend):
                 ids=tuple(h.source_ids),
                 order=(h.span[0], h.span[1]),
                 score=float(h.score),
+                replaced_on=h.valid_to if h.superseded_by else None,
+                replaced_by=self._newest(ns, h) if h.superseded_by else None,
             )
             for h in hits
         ]
+
+    def _newest(self, ns: tuple[str, ...], hit: Any) -> str | None:
+        """The text of the newest statement of a superseded hit's chain (``None`` when it is gone)."""
+        mem = self.store.get(ns)
+        if mem is None or not hit.source_ids:
+            return None
+        try:
+            chain = mem.history(hit.source_ids[0])
+        except HierMemError:  # deleted meanwhile
+            return None
+        return chain[-1].text if chain and chain[-1].id != hit.source_ids[0] else None
 
 
 def _label(user: str) -> str:

@@ -48,6 +48,7 @@ from .agent_memory import (
     _N_LOCKS,
     DEFAULT_HEADER,
     ROLES,
+    SUPERSEDED_MODES,
     MemoryBackend,
     Recalled,
     _current_config,
@@ -142,6 +143,9 @@ class HierMemMiddleware(AgentMiddleware):
         header: the text above the recalled block.
         policy: retrieval policy of a ``MemoryStore`` (default: the memory's).
         search_kwargs: retrieval parameters of a ``MemoryStore``.
+        superseded: how a recalled statement that a newer one replaced (a ``MemoryStore``'s supersession,
+            see :mod:`shared_core.memories.supersession`) is shown: ``"mark"`` (default) adds ``(replaced on
+            <date> by: <the newer statement>)`` after it, ``"omit"`` leaves it out.
 
     Attributes:
         store: the store (the default one when none was given).
@@ -173,6 +177,7 @@ class HierMemMiddleware(AgentMiddleware):
         header: str = DEFAULT_HEADER,
         policy: str | None = None,
         search_kwargs: Mapping[str, Any] | None = None,
+        superseded: str = "mark",
     ) -> None:
         super().__init__()
         check_recall_options(user_key, k, max_tokens)
@@ -198,6 +203,11 @@ class HierMemMiddleware(AgentMiddleware):
         self.remember = frozenset(remember)
         self.recall = bool(recall)
         self.header = header
+        if superseded not in SUPERSEDED_MODES:
+            raise InvalidInputError(
+                f"superseded takes {' or '.join(map(repr, SUPERSEDED_MODES))}, got {superseded!r}."
+            )
+        self.superseded = superseded
         self._locks = [threading.Lock() for _ in range(_N_LOCKS)]
         self.tools = []
         if memory_tools:
@@ -259,7 +269,9 @@ class HierMemMiddleware(AgentMiddleware):
         config = _current_config()
         ns = self.namespace_for(getattr(request.runtime, "context", None), config)
         visible = {str(m.id) for m in request.messages if m.id}
-        block = recall_block(self.backend, ns, query, self.k, self.max_tokens, self.header, visible)
+        block = recall_block(
+            self.backend, ns, query, self.k, self.max_tokens, self.header, visible, self.superseded
+        )
         if block is None:
             return None
         return _append_to_system(request.system_message, block)

@@ -35,7 +35,7 @@ from langchain_hiermem.middleware import DEFAULT_HEADER, render_recalled, resolv
 from shared_core import SegTreeMem  # noqa: E402
 from shared_core.memories.base import count_tokens  # noqa: E402
 from shared_core.namespaces import MemoryStore  # noqa: E402
-from shared_core.types import HierMemError, InvalidInputError  # noqa: E402
+from shared_core.types import HierMemError, InvalidInputError, Message  # noqa: E402
 from tests.support.memory import HashEmbedder  # noqa: E402
 
 FACT = "My dog is called Luna and she loves the beach."
@@ -453,3 +453,27 @@ def test_the_thread_state_marks_what_was_looked_at() -> None:
     seen = agent.get_state(cfg("t1", "ann")).values["hiermem_seen"]
     assert len(seen) == 4 and [len(ids) for ids in looked_at] == [2, 2]
     assert looked_at[0] + looked_at[1] == seen
+
+
+# =========================================================================== knowledge that changes
+def test_a_replaced_statement_is_marked_or_left_out() -> None:
+    """A remembered statement that a later one replaced reaches the model as replaced, naming the newer
+    statement and its date (``superseded="mark"``, the default), or not at all (``"omit"``)."""
+    old = "I've watched 10 Crash Course videos so far this year."
+    new = "I just finished watching my 15th Crash Course video this year!"
+    for mode in ("mark", "omit"):
+        store = hash_store()
+        ns = ("memories", "ann")
+        store.add(ns, [Message(old, role="user", id="o", timestamp="2024-01-05T10:00:00")])
+        store.add(ns, [Message(new, role="user", id="n", timestamp="2024-03-02T10:00:00")])
+        mw = HierMemMiddleware(store=store, superseded=mode)
+        model = chat("Noted.")
+        ask(agent_with(mw, model), "How many Crash Course videos have I watched?", cfg("t", "ann"))
+        block = fenced(model.last_system)
+        if mode == "mark":
+            assert f"user: {old} (replaced on 2024-03-02 by: {new})" in block
+        else:
+            assert old not in block
+        assert f"user: {new}" in block
+    with pytest.raises(InvalidInputError, match="superseded"):
+        HierMemMiddleware(store=hash_store(), superseded="hide")
