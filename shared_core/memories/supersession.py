@@ -47,7 +47,7 @@ from ..types import (
     Usage,
     parse_timestamp,
 )
-from .updates import shares_subject, statement_of, updates
+from .updates import Statement, has_subject, may_update, shares_subject, statement_of, updates
 
 if TYPE_CHECKING:
     from ..models.base import LLM
@@ -170,19 +170,29 @@ class Supersession:
         if mode == "off" or not new:
             return
         st = self._store
-        for lid, near in zip(new, self._earlier_neighbours(new)):
+        mine = {lid: statement_of(st.nodes[lid].message.text) for lid in new}  # type: ignore[union-attr]
+        asks = (
+            may_update if mode == "rule" else has_subject
+        )  # the judge also reads statements without numbers
+        want = [lid for lid in new if asks(mine[lid])]
+        seen: dict[int, Statement] = dict(mine)  # this call's statements (kept nowhere after it)
+
+        def statement(nid: int) -> Statement:
+            got = seen.get(nid)
+            if got is None:
+                got = seen[nid] = statement_of(st.nodes[nid].message.text)  # type: ignore[union-attr]
+            return got
+
+        for lid, near in zip(want, self._earlier_neighbours(want)):
             if not near:
                 continue
-            msg = st.nodes[lid].message
-            assert msg is not None
-            mine = statement_of(msg.text)
-            theirs = {c: statement_of(st.nodes[c].message.text) for c in near}  # type: ignore[union-attr]
             chosen: list[int] | None = None
             if mode == "llm":
-                judged = [c for c in near if shares_subject(theirs[c], mine)][:JUDGE_CANDIDATES]
-                chosen = self._judge(msg.text, judged, usage) if judged else []
+                judged = [c for c in near if shares_subject(statement(c), mine[lid])][:JUDGE_CANDIDATES]
+                text = st.nodes[lid].message.text  # type: ignore[union-attr]
+                chosen = self._judge(text, judged, usage) if judged else []
             if chosen is None:
-                chosen = [c for c in near if updates(theirs[c], mine)]
+                chosen = [c for c in near if updates(statement(c), mine[lid])]
             if chosen:
                 st.set_data(lid, SUPERSEDES, sorted(chosen))
 

@@ -28,7 +28,15 @@ from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from ..models.extractive import split_sentences
 
-__all__ = ["MIN_SHARED", "Statement", "shares_subject", "statement_of", "updates"]
+__all__ = [
+    "MIN_SHARED",
+    "Statement",
+    "has_subject",
+    "may_update",
+    "shares_subject",
+    "statement_of",
+    "updates",
+]
 
 #: content words (stems) a sentence pair must share to have one subject
 MIN_SHARED = 2
@@ -151,6 +159,17 @@ def updates(older: Statement, newer: Statement) -> bool:
             if shared >= MIN_SHARED and shared >= MIN_OVERLAP * len(s_new | s_old):
                 return True
     return False
+
+
+def may_update(statement: Statement) -> bool:
+    """Whether the rule can find ``statement`` updating anything: a sentence with a value and at least
+    :data:`MIN_SHARED` subject stems (most messages have none, and are not compared at all)."""
+    return any(v and len(s) >= MIN_SHARED for s, v in statement.sentences)
+
+
+def has_subject(statement: Statement) -> bool:
+    """Whether ``statement`` states anything about its speaker (a first-person statement sentence)."""
+    return any(s for s, _ in statement.sentences)
 
 
 def shares_subject(older: Statement, newer: Statement) -> bool:
