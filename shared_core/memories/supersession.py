@@ -5,7 +5,8 @@ memories):
 
 - **Marking.** Each ``add`` looks at every new message's :attr:`Supersession.supersession_neighbours`
   nearest earlier messages by the memory's own similarity (cosine of the message vectors), of the same
-  speaker and role, and marks those it updates: by the LLM-free rule of
+  speaker and role, and marks those it updates (an ``"assistant"`` message is never read: it states
+  nothing about its speaker that later changes): by the LLM-free rule of
   :mod:`shared_core.memories.updates` (``supersession="rule"``), or by one LLM call per new message that
   has such neighbours sharing a content word with it (``"llm"``: the judge reads up to
   :data:`JUDGE_CANDIDATES` of them and answers with the ids it supersedes; an answer that does not parse,
@@ -47,7 +48,7 @@ from ..types import (
     Usage,
     parse_timestamp,
 )
-from .updates import Statement, has_subject, may_update, shares_subject, statement_of, updates
+from .updates import SKIPPED_ROLES, Statement, has_subject, may_update, shares_subject, statement_of, updates
 
 if TYPE_CHECKING:
     from ..models.base import LLM
@@ -170,6 +171,7 @@ class Supersession:
         if mode == "off" or not new:
             return
         st = self._store
+        new = [lid for lid in new if st.nodes[lid].message.role not in SKIPPED_ROLES]  # type: ignore[union-attr]
         mine = {lid: statement_of(st.nodes[lid].message.text) for lid in new}  # type: ignore[union-attr]
         asks = (
             may_update if mode == "rule" else has_subject

@@ -1,18 +1,26 @@
 """The LLM-free rule that says a newer statement updates an older one (supersession).
 
-Two messages state the same thing with a different value when one sentence of each shares its subject
-with the other (at least :data:`MIN_SHARED` content words, stemmed, that are not values) while their
-values differ: the numbers (``"4"``, ``"twelve"``, ``"15th"``) or the named things (capitalised words
-inside a sentence, ``"Bordeaux"``) one holds and the other does not. ``"I've watched 4 MCU films in the
-last 3 months"`` and, later, ``"I've watched 12 films in the last 3 months, including 5 MCU"`` share
-*watch*, *film*, *last* and *month* and differ in 4 / 12 / 5: an update. The same sentence said twice
-(same values) and two sentences about different subjects are not.
+Two messages state the same thing with a different value when a sentence of each shares its subject with
+the other (at least :data:`MIN_SHARED` content words, stemmed, and :data:`MIN_OVERLAP` of the two
+sentences' content words) and both count the same thing with different numbers: a *value* is a number
+(digits, or a number word: ``"twelve"``, ``"fifth"``, ``"twice"``) with the content word that follows it
+within :data:`UNIT_WINDOW` words (right after it for a number word: ``"one cup"``, but not the pronoun of
+``"order one this week"``), its *unit*. ``"I've watched 4 MCU films in the last 3 months"`` and,
+later, ``"I've watched 12 films in the last 3 months, including 5 MCU films"`` share *watch*, *film*,
+*last*, *month* and count *MCU* 4 then 5: an update. The same sentence said twice (same values), a
+sentence that only adds a count (``"2 cats"`` then ``"2 cats and 3 dogs"``), two counts of different
+things (``"43 hours"`` then ``"12 movies"``) and two sentences about different subjects are not.
+
+Only statements a speaker makes about themselves take part: sentences with a first-person word that do not
+open as a question (``"How many ...?"``; ``"I'm thinking of two cups, do you think so?"`` states), of a
+speaker other than an ``"assistant"`` role (an assistant's numbered lists and suggestions state nothing that
+later changes). List numbering (``"2."`` opening a sentence) is not a value.
 
 :class:`~shared_core.memories.supersession.Supersession` runs the rule on a new message and its nearest
 earlier messages by the memory's own similarity (the message vectors), of the same speaker and role.
-Content words are the tokens of two or more word characters outside bm25s' extended English stop-word
-list (``STOPWORDS_EN_PLUS``), stemmed with PyStemmer's English Snowball stemmer, as the lexical index
-stems them.
+Content words are the tokens of three or more characters outside bm25s' extended English stop-word list
+(``STOPWORDS_EN_PLUS``), stemmed with PyStemmer's English Snowball stemmer, as the lexical index stems
+them.
 
 The rule is a heuristic: its precision on the LongMemEval dev histories is measured and reported in
 docs/evaluation.md ("Knowledge that changes"). An LLM judge replaces it when the memory has an LLM.
@@ -45,6 +53,10 @@ MIN_SHARED = 2
 MAX_SENTENCES = 32
 #: and at least this share of the two sentences' subject stems (Jaccard)
 MIN_OVERLAP = 0.2
+#: a number's unit is the first content word among the next this many words
+UNIT_WINDOW = 3
+#: roles whose messages the rule never reads
+SKIPPED_ROLES = frozenset({"assistant"})
 
 _UNITS = [
     "zero",
@@ -92,11 +104,44 @@ _NUMBER_WORDS: dict[str, str] = {
     "hundred": "100",
     "thousand": "1000",
     "dozen": "12",
-    "once": "1",
-    "twice": "2",
 }
-_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
-_WORD = re.compile(r"[^\W\d_][\w'’]*", re.UNICODE)
+#: number words that carry their unit
+_TIMES = {"once": "1", "twice": "2", "thrice": "3"}
+_TOKEN = re.compile(r"(\d+(?:[.,:/]\d+)*)|([^\W\d_][\w'’]*)", re.UNICODE)
+_LIST_ITEM = re.compile(r"^\s*\(?\d+[.)]\s")
+_ORDINAL_SUFFIX = frozenset(["st", "nd", "rd", "th", "s"])
+#: the first words of a question
+_ASKS = frozenset(
+    [
+        "what",
+        "how",
+        "why",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "can",
+        "could",
+        "would",
+        "should",
+        "do",
+        "does",
+        "did",
+        "is",
+        "are",
+        "was",
+        "were",
+        "will",
+        "shall",
+        "may",
+        "might",
+        "have",
+        "has",
+        "am",
+    ]
+)
 _FIRST_PERSON = frozenset(["i", "me", "my", "mine", "we", "us", "our", "ours"])
 _STOP = frozenset(w.lower() for w in STOPWORDS_EN_PLUS)
 
@@ -114,28 +159,49 @@ def _stem(words: list[str]) -> list[str]:
 
 class Statement:
     """The sentences of one message as the rule reads them: per sentence, its subject stems and its
-    values (numbers and named things, lower-cased)."""
+    values (``(unit stem, number)`` pairs)."""
 
     __slots__ = ("sentences",)
 
-    def __init__(self, sentences: list[tuple[frozenset[str], frozenset[str]]]) -> None:
+    def __init__(self, sentences: list[tuple[frozenset[str], frozenset[tuple[str, str]]]]) -> None:
         self.sentences = sentences
 
 
-def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[str]]:
+_NOTHING: tuple[frozenset[str], frozenset[tuple[str, str]]] = (frozenset(), frozenset())
+
+
+def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
     """``(subject stems, values)`` of one sentence; both empty for a question or a sentence that does
     not speak of the speaker (no first-person word): those state nothing about the speaker to update."""
-    words = [w.lower().replace("’", "'") for w in _WORD.findall(sentence)]
-    if sentence.rstrip().endswith("?") or not any(w in _FIRST_PERSON or w.startswith("i'") for w in words):
-        return frozenset(), frozenset()
-    values = {n.replace(",", "") for n in _NUMBER.findall(sentence)}
-    content: list[str] = []
-    for w in words:
-        if w in _NUMBER_WORDS:
-            values.add(_NUMBER_WORDS[w])
-        elif len(w) > 2 and w not in _STOP and "'" not in w:
-            content.append(w)
-    return frozenset(_stem(content)), frozenset(values)
+    tokens: list[tuple[str, bool]] = []  # (lower-cased token, is a number)
+    for num, word in _TOKEN.findall(_LIST_ITEM.sub("", sentence, count=1)):
+        tokens.append((num.replace(",", ""), True) if num else (word.lower().replace("’", "'"), False))
+    if not tokens or tokens[0][0] in _ASKS:
+        return _NOTHING  # a question ("How many ...?"; "..., do you think so?" still states its first part)
+    if not any(not n and (t in _FIRST_PERSON or t.startswith("i'")) for t, n in tokens):
+        return _NOTHING
+    content = [t for t, n in tokens if not n and len(t) > 2 and t not in _STOP and "'" not in t]
+    stems = dict(zip(content, _stem(content)))
+    values: set[tuple[str, str]] = set()
+    for i, (t, n) in enumerate(tokens):
+        if not n and t in _TIMES:
+            values.add(("time", _TIMES[t]))
+            continue
+        if not n and t not in _NUMBER_WORDS:
+            continue
+        number = t if n else _NUMBER_WORDS[t]
+        # a number word counts only what directly follows it ("one cup", not "order one this week")
+        seen, window = 0, UNIT_WINDOW if n else 1
+        for u, un in tokens[i + 1 :]:
+            if n and (un or u in _ORDINAL_SUFFIX or u in _NUMBER_WORDS):
+                continue  # a range ("3-4 days"), an ordinal's suffix ("5th")
+            if u in stems:
+                values.add((stems[u], number))
+                break
+            seen += 1
+            if seen >= window:
+                break
+    return frozenset(stems.values()), frozenset(values)
 
 
 def statement_of(text: str) -> Statement:
@@ -143,20 +209,33 @@ def statement_of(text: str) -> Statement:
     return Statement([_sentence(s) for s in split_sentences(text)[:MAX_SENTENCES]])
 
 
+def _counts(values: frozenset[tuple[str, str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for unit, number in values:
+        out.setdefault(unit, set()).add(number)
+    return out
+
+
 def updates(older: Statement, newer: Statement) -> bool:
     """Whether ``newer`` restates something ``older`` said with a different value (see the module).
 
-    A pair of sentences counts when they share at least :data:`MIN_SHARED` subject stems, the newer
-    sentence holds a value, and their value sets differ.
+    A pair of sentences counts when they share at least :data:`MIN_SHARED` subject stems and
+    :data:`MIN_OVERLAP` of their subjects, and count one unit with different numbers, each holding a
+    number of it the other does not (``"$5 coupon"`` then ``"$1 and $5 coupons"`` only adds one).
     """
     for s_new, v_new in newer.sentences:
         if not v_new or len(s_new) < MIN_SHARED:
             continue
+        c_new = _counts(v_new)
         for s_old, v_old in older.sentences:
-            if not (v_new - v_old and v_old - v_new):
-                continue  # the same values, or one only adds to the other
+            if not v_old or v_old == v_new:
+                continue
             shared = len(s_new & s_old)
-            if shared >= MIN_SHARED and shared >= MIN_OVERLAP * len(s_new | s_old):
+            if shared < MIN_SHARED or shared < MIN_OVERLAP * len(s_new | s_old):
+                continue
+            c_old = _counts(v_old)
+            # one unit counted anew: a number of it replaced (not only another number added)
+            if any(c_old[u] - n and n - c_old[u] for u, n in c_new.items() if u in c_old):
                 return True
     return False
 

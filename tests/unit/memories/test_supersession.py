@@ -55,7 +55,20 @@ def _new() -> Message:
         (OLD, "How many Crash Course videos should I watch, 15?", False),  # a question states nothing
         (OLD, "The shop sold 15 bikes this year.", False),  # another subject, no first person
         (OLD, "I bought 15 apples at the market.", False),  # first person, another subject
-        ("I have 2 cats.", "I have 2 cats and 3 dogs.", False),  # only adds a value: not a replacement
+        ("I have 2 cats.", "I have 2 cats and 3 dogs.", False),  # only adds a count: not a replacement
+        ("I walk Luna twice a day.", "I now walk Luna 3 times a day.", True),  # "twice" counts times
+        (
+            "I've completed 4 projects since my painting class.",
+            "I just finished my 5th project since my painting class!",
+            True,
+        ),
+        # two counts of different things: hours then movies
+        (
+            "I've watched movies for 43 hours in the last 3 months.",
+            "I've watched 12 movies in the last 3 months.",
+            False,
+        ),
+        ("2. I liked this movie a lot.", "5. I liked this movie a lot.", False),  # list numbering is no count
     ],
 )
 def test_rule_hand_worked(older, newer, want):
@@ -123,6 +136,12 @@ def test_other_speakers_and_roles_are_not_superseded():
     mem.add(Message(NEW, role="user", speaker="Bob", id="bob"))
     mem.add(Message(NEW.replace("15th", "16th"), role="assistant", speaker="Ann", id="asst"))
     assert [m.id for m in mem.history("ann")] == ["ann"]
+
+
+def test_an_assistant_message_is_never_marked():
+    mem = make_memory("segtree")
+    mem.add([Message(OLD, role="assistant", id="a1"), Message(NEW, role="assistant", id="a2")])
+    assert [m.id for m in mem.history("a2")] == ["a2"]
 
 
 def test_timestampless_messages_supersede_by_insertion_order():
