@@ -659,9 +659,11 @@ class HierarchicalMemory(
             **params: the policy's parameters (see the subclass).
 
         Returns:
-            Hits in the policy's order (best first), with distinct texts; each with a readable
-            :attr:`Hit.score`, the policy's own figures in :attr:`Hit.components` and
-            :meth:`Hit.explain`.
+            Hits in the policy's order (best first), with distinct texts, except that a statement a newer
+            message supersedes (as of ``as_of``) comes right after its successors when the retrieval found
+            them (:mod:`~shared_core.memories.supersession`); each with a readable :attr:`Hit.score`, the
+            policy's own figures in :attr:`Hit.components`, :meth:`Hit.explain` and the supersession marks
+            (:attr:`Hit.superseded_by`, :attr:`Hit.valid_from`, :attr:`Hit.valid_to`).
 
         Raises:
             InvalidInputError: empty query, ``k < 1``, ``max_tokens < 1``, ``min_score`` or

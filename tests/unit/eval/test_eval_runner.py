@@ -101,6 +101,19 @@ def test_time_prior_options_are_set_on_the_memory():
         R._make_build(R.parse_methods("segtree[time_weight=2]")[0], BowEmbedder(), None)
 
 
+def test_supersession_option_is_set_on_the_memory():
+    """``segtree[supersession=off]`` is the same memory marking no update; an unknown mode is refused."""
+    (off,) = R.parse_methods("segtree[supersession=off]:collapsed")
+    mem = R._make_build(off, BowEmbedder(), None)
+    assert mem.supersession == "off" and type(mem).supersession == "auto"
+    assert (
+        R._make_build(R.parse_methods("hat[supersession=rule]")[0], BowEmbedder(), None).supersession
+        == "rule"
+    )
+    with pytest.raises(InvalidInputError, match="supersession"):
+        R._make_build(R.parse_methods("segtree[supersession=sometimes]")[0], BowEmbedder(), None)
+
+
 def test_reference_specs_and_added_methods():
     assert R.reference_spec("dense").name == "flat_dense"
     assert R.reference_spec("bm25").name == "bm25"
