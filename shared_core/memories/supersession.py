@@ -48,7 +48,16 @@ from ..types import (
     Usage,
     parse_timestamp,
 )
-from .updates import SKIPPED_ROLES, Statement, has_subject, may_update, shares_subject, statement_of, updates
+from .updates import (
+    SKIPPED_ROLES,
+    Statement,
+    has_subject,
+    may_state,
+    may_update,
+    shares_subject,
+    statement_of,
+    updates,
+)
 
 if TYPE_CHECKING:
     from ..models.base import LLM
@@ -171,7 +180,13 @@ class Supersession:
         if mode == "off" or not new:
             return
         st = self._store
-        new = [lid for lid in new if st.nodes[lid].message.role not in SKIPPED_ROLES]  # type: ignore[union-attr]
+        counted = mode == "rule"
+        new = [
+            lid
+            for lid in new
+            if st.nodes[lid].message.role not in SKIPPED_ROLES  # type: ignore[union-attr]
+            and may_state(st.nodes[lid].message.text, counted)  # type: ignore[union-attr]
+        ]
         mine = {lid: statement_of(st.nodes[lid].message.text) for lid in new}  # type: ignore[union-attr]
         asks = (
             may_update if mode == "rule" else has_subject
@@ -283,27 +298,22 @@ class Supersession:
         return out
 
     def _with_marks(self, hits: list[Hit], as_of: datetime | None) -> list[Hit]:
-        """The hits with :attr:`Hit.valid_from`, :attr:`Hit.superseded_by` and :attr:`Hit.valid_to`."""
-        st = self._store
+        """The hits with :attr:`Hit.superseded_by` and :attr:`Hit.valid_to` (``valid_from`` comes with
+        the hit: :meth:`~shared_core.search.ranking.Ranking.hit`)."""
         newer = self._newer_map()
+        if not newer:
+            return hits
+        st = self._store
         out = []
         for h in hits:
-            node = st.nodes.get(h.node_id)
-            if node is None or node.message is None:
+            by = self._newer_of(h.node_id, as_of) if h.node_id in newer else []
+            if not by:
                 out.append(h)
                 continue
-            by = self._newer_of(h.node_id, as_of) if newer else []
-            names = tuple(_name(st, n) for n in by)
             stamps = [st.nodes[n].message.timestamp for n in by]  # type: ignore[union-attr]
-            dated = sorted((parse_timestamp(t), t) for t in stamps if parse_timestamp(t) is not None)
-            out.append(
-                replace(
-                    h,
-                    superseded_by=names,
-                    valid_from=node.message.timestamp,
-                    valid_to=dated[0][1] if dated else None,
-                )
-            )
+            dated = sorted((t, s) for s in stamps if (t := parse_timestamp(s)) is not None)
+            names = tuple(_name(st, n) for n in by)
+            out.append(replace(h, superseded_by=names, valid_to=dated[0][1] if dated else None))
         return out
 
     def history(self, key: int | str) -> list[Message]:

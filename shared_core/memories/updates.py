@@ -40,6 +40,7 @@ __all__ = [
     "MIN_SHARED",
     "Statement",
     "has_subject",
+    "may_state",
     "may_update",
     "shares_subject",
     "statement_of",
@@ -202,6 +203,18 @@ def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]
             if seen >= window:
                 break
     return frozenset(stems.values()), frozenset(values)
+
+
+_SPEAKS_OF_SELF = re.compile(r"\b(?:i|me|my|mine|we|us|our|ours)\b|\bi['’]", re.IGNORECASE)
+_COUNTS = re.compile(
+    r"\d|\b(?:" + "|".join(sorted({*_NUMBER_WORDS, *_TIMES}, key=len, reverse=True)) + r")\b", re.IGNORECASE
+)
+
+
+def may_state(text: str, counted: bool) -> bool:
+    """A cheap first look: whether ``text`` may hold a statement the rule reads (a first-person word and,
+    with ``counted``, a digit or a number word). ``False`` means :func:`statement_of` would find none."""
+    return _SPEAKS_OF_SELF.search(text) is not None and (not counted or _COUNTS.search(text) is not None)
 
 
 def statement_of(text: str) -> Statement:

@@ -109,6 +109,7 @@ class Ranking(CandidateSearch):
             span=node.span,
             source_ids=st.source_ids_under(nid),
             metadata=md,
+            valid_from=node.message.timestamp if node.message is not None else None,
         )
 
     #: bonus of a message inside a period the query names ("last Friday", "in June"), added to its

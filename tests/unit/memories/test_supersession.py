@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_core import Message, SegTreeMem
-from shared_core.memories.updates import statement_of, updates
+from shared_core.memories.updates import has_subject, may_state, may_update, statement_of, updates
 from shared_core.models.extractive import ExtractiveSummarizer
 from shared_core.models.openai_models import OpenAIChat
 from shared_core.types import InvalidInputError, NodeNotFoundError
@@ -299,3 +299,36 @@ def test_llm_judge_failures_fall_back_to_the_rule(openai_server, reply):  # noqa
     mem.add(_new())
     assert mem.judge_fallbacks == 1
     assert [m.id for m in mem.history("new")] == ["old", "new"]  # the rule's decision
+
+
+_WORDS = [
+    "I",
+    "I've",
+    "my",
+    "We",
+    "she",
+    "walk",
+    "Luna",
+    "twice",
+    "3",
+    "five",
+    "5th",
+    "times",
+    "a",
+    "day",
+    "?",
+    ".",
+    "ones",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_WORDS), min_size=1, max_size=14))
+def test_the_first_look_never_hides_a_statement(words):
+    """``may_state`` is only a shortcut: when it says no, the full reading finds nothing either."""
+    text = " ".join(words)
+    s = statement_of(text)
+    if not may_state(text, counted=True):
+        assert not may_update(s)
+    if not may_state(text, counted=False):
+        assert not has_subject(s)
