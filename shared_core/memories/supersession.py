@@ -38,6 +38,7 @@ import numpy as np
 
 from ..prompts import fence
 from ..prompts.updates import JUDGE_ITEM, JUDGE_SYSTEM, JUDGE_USER
+from ..search.filters import MessageFilter
 from ..tree.nodes import SUPERSEDES
 from ..types import (
     Hit,
@@ -149,17 +150,17 @@ class Supersession:
                 found = [[int(i) for i in r if i >= 0] for r in rows]
             else:
                 found = [[int(i) for i in idx.search(q, fetch)[0]] for q in Q]
-        pos = {lid: j for j, lid in enumerate(new)}
+        adding = set(new)
         out: list[list[int]] = []
         for j, lid in enumerate(new):
             me = st.nodes[lid]
             key = (me.message.speaker, me.message.role) if me.message is not None else (None, None)
-            cands = [c for c in found[j] if c not in pos]
+            cands = [c for c in found[j] if c not in adding]
             cands += list(new[:j])
             ok = []
             for c in dict.fromkeys(cands):
                 node = st.nodes.get(c)
-                if node is None or not node.is_leaf or node.message is None or c == lid:
+                if node is None or not node.is_leaf or node.message is None:
                     continue
                 if (node.message.speaker, node.message.role) != key or node.span[0] >= me.span[0]:
                     continue
@@ -188,9 +189,7 @@ class Supersession:
             and may_state(st.nodes[lid].message.text, counted)  # type: ignore[union-attr]
         ]
         mine = {lid: statement_of(st.nodes[lid].message.text) for lid in new}  # type: ignore[union-attr]
-        asks = (
-            may_update if mode == "rule" else has_subject
-        )  # the judge also reads statements without numbers
+        asks = may_update if counted else has_subject  # the judge also reads statements without numbers
         want = [lid for lid in new if asks(mine[lid])]
         seen: dict[int, Statement] = dict(mine)  # this call's statements (kept nowhere after it)
 
@@ -258,9 +257,7 @@ class Supersession:
         """Whether leaf ``nid`` was said at or before ``as_of`` (always without ``as_of`` or a timestamp)."""
         if as_of is None:
             return True
-        msg = self._store.nodes[nid].message
-        t = None if msg is None else parse_timestamp(msg.timestamp)
-        return t is None or t <= as_of
+        return MessageFilter(as_of=as_of).matches(self._store.nodes[nid].message)
 
     def _newer_of(self, nid: int, as_of: datetime | None) -> list[int]:
         """The newer leaves that supersede leaf ``nid`` as of ``as_of`` (ascending)."""
@@ -311,9 +308,9 @@ class Supersession:
                 out.append(h)
                 continue
             stamps = [st.nodes[n].message.timestamp for n in by]  # type: ignore[union-attr]
-            dated = sorted((t, s) for s in stamps if (t := parse_timestamp(s)) is not None)
+            dated = min(((t, s) for s in stamps if (t := parse_timestamp(s)) is not None), default=None)
             names = tuple(_name(st, n) for n in by)
-            out.append(replace(h, superseded_by=names, valid_to=dated[0][1] if dated else None))
+            out.append(replace(h, superseded_by=names, valid_to=dated[1] if dated else None))
         return out
 
     def history(self, key: int | str) -> list[Message]:

@@ -29,7 +29,6 @@ docs/evaluation.md ("Knowledge that changes"). An LLM judge replaces it when the
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from functools import lru_cache
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
@@ -269,8 +268,3 @@ def shares_subject(older: Statement, newer: Statement) -> bool:
     two statements with no content word in common do not state one fact)."""
     new = frozenset().union(*(s for s, _ in newer.sentences))
     return any(s & new for s, _ in older.sentences)
-
-
-def any_updates(older: Sequence[Statement], newer: Statement) -> list[int]:
-    """The positions in ``older`` of the statements ``newer`` updates (see :func:`updates`)."""
-    return [i for i, o in enumerate(older) if updates(o, newer)]
