@@ -27,7 +27,14 @@ from .data import Conversation
 from .embed_cache import CachingEmbedder
 from .embed_store import EmbeddingStore, conversation_key, embedder_identity
 
-__all__ = ["MAX_DEFAULT_WORKERS", "EvalJob", "default_workers", "evaluate_all", "pin_threads"]
+__all__ = [
+    "MAX_DEFAULT_WORKERS",
+    "EvalJob",
+    "default_workers",
+    "evaluate_all",
+    "longest_first",
+    "pin_threads",
+]
 
 MAX_DEFAULT_WORKERS = 8
 """The most worker processes :func:`default_workers` gives (each holds a model and a conversation's
@@ -186,6 +193,15 @@ def _run(label: str, conv: Conversation) -> dict[str, Any]:
     return _WORKER.evaluate(label, conv, _Callback(_QUEUE.put) if _QUEUE is not None else None)
 
 
+def longest_first(items: Sequence[tuple[str, Conversation]]) -> list[int]:
+    """Indices of ``items`` by number of messages, most first; ties in input order.
+
+    Handing a pool of workers the longest conversations first (longest-processing-time-first scheduling)
+    keeps a long one from starting last while the other workers sit idle.
+    """
+    return sorted(range(len(items)), key=lambda i: (-len(items[i][1].messages), i))
+
+
 def evaluate_all(
     items: Sequence[tuple[str, Conversation]],
     job: EvalJob,
@@ -200,7 +216,8 @@ def evaluate_all(
         items: the conversations, in report order.
         job: the methods and models (:class:`EvalJob`).
         workers: processes; 1 (default) evaluates in this process, more start that many ``spawn`` workers
-            (at most one per item) with their thread pools pinned to one thread.
+            (at most one per item) with their thread pools pinned to one thread, given the items in
+            :func:`longest_first` order (the last to finish is then a short one).
         on_query: called with ``n`` after ``n`` more queries are answered (in any worker).
         on_result: called with ``(index, result)`` as each conversation finishes (in finishing order).
 
@@ -228,7 +245,7 @@ def evaluate_all(
     q = ctx.Queue()
     with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init, initargs=(job, q, True)) as ex:
         futs: dict[Future[dict[str, Any]], int] = {
-            ex.submit(_run, lb, c): i for i, (lb, c) in enumerate(items)
+            ex.submit(_run, *items[i]): i for i in longest_first(items)
         }
         pending = set(futs)
         try:

@@ -14,8 +14,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from shared_core import Message
+from shared_core.eval.data import Conversation
 from shared_core.eval.embed_cache import CachingEmbedder, text_key
 from shared_core.eval.embed_store import PROBE_TEXT
+from shared_core.eval.parallel import longest_first
 from shared_core.eval.progress_bars import question_progress, terminal_progress
 from shared_core.eval.runner import run_eval
 from shared_core.types import InvalidInputError
@@ -59,6 +62,15 @@ def test_two_workers_give_the_report_of_one(tmp_path):
     assert list(two["data"]["lme"]["conversations"]) == ["q_user", "q_multi", "q_user_abs", "q_user_2"]
     assert _report(one) == _report(two)
     assert one["methods"]["segtree:collapsed"]["overall"]["n_queries"] == 3  # abstention apart
+
+
+def test_workers_are_handed_the_longest_conversations_first_ties_in_input_order():
+    def conv(cid, n):
+        return ("lme", Conversation(cid, [Message(f"m{i}") for i in range(n)], []))
+
+    items = [conv("a", 3), conv("b", 9), conv("c", 3), conv("d", 0), conv("e", 9)]
+    assert longest_first(items) == [1, 4, 0, 2, 3]
+    assert longest_first([]) == []
 
 
 def test_worker_processes_pin_their_thread_pools_to_one_thread(tmp_path):
