@@ -34,10 +34,11 @@ from langgraph.store.base import (
 
 from shared_core.memories.base import HierarchicalMemory
 from shared_core.search.filters import message_filter
-from shared_core.types import HierMemError, InvalidInputError, Message, NodeNotFoundError
+from shared_core.types import HierMemError, Hit, InvalidInputError, Message, NodeNotFoundError
 
 from .models import as_core_embedder, as_langchain_embeddings
 from .retrievers import HierMemRetriever
+from .store_marks import search_item
 from .store_semantics import (
     SEARCH_OPTIONS,
     SearchOptions,
@@ -156,7 +157,9 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
     ``score`` is, as in LangGraph's stores, the cosine similarity of the query and the item's embedded
     text (the best of its texts), read from the memory's node vectors (``score="relevance"``: the
     memory's score of the best hit instead). Over several namespaces the per-namespace rankings are
-    interleaved by rank. Non-indexed items matching the filter follow, without a score.
+    interleaved by rank. Non-indexed items matching the filter follow, without a score. Ranked items are
+    :class:`~langchain_hiermem.store_marks.MarkedSearchItem`: ``superseded_by`` (keys of newer items that
+    replaced the text), ``valid_from`` and ``valid_to`` (the core's supersession marks).
     ``filter`` matches item values as LangGraph's ``InMemoryStore`` does (see
     :mod:`langchain_hiermem.store_semantics`: nested dicts, lists and tuples element by element,
     ``$eq $ne $gt $gte $lt $lte``, dotted paths such as ``"user.level"``); a query search hands it to the
@@ -661,7 +664,7 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
             return item.key not in hidden.get(tuple(item.namespace), ()) and item_matches(item.value, flt)
 
         if not op.query:
-            out = [self._search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
+            out = [search_item(it) for _, s in spaces for it in s.items.values() if keep(it)]
             return out[op.offset : want]
         rankings = [
             self._ranked(ns, s, op.query, want, keep if op.filter or ns in hidden else None)
@@ -672,7 +675,7 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
             ranked.extend(sorted((x[r] for x in rankings if r < len(x)), key=lambda it: -(it.score or 0.0)))
         if len(ranked) < want:  # items that are not indexed come last, without a score
             ranked.extend(
-                self._search_item(it)
+                search_item(it)
                 for _, s in spaces
                 for key, it in s.items.items()
                 if key not in s.leaves and keep(it)
@@ -708,7 +711,7 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
         k = want
         for _ in range(_MAX_WIDEN):
             hits = mem.retrieve(query, k=k, policy=self.policy, **params)
-            out: list[tuple[Item, float]] = []
+            out: list[tuple[Item, float, Hit]] = []
             seen: set[str] = set()
             for h in hits:
                 keys = [*h.source_ids, *twins.get(h.text, ())] if h.is_leaf else h.source_ids
@@ -717,16 +720,16 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
                     if key in seen or item is None or (keep is not None and not keep(item)):
                         continue
                     seen.add(key)
-                    out.append((item, h.components.get("rank", h.score)))
+                    out.append((item, h.components.get("rank", h.score), h))
             if len(out) >= want or len(hits) < k:
                 break
             k *= 2
         out = out[:want]
         if self.score == "similarity" and out:
-            leaves = {it.key: space.leaves.get(it.key, []) for it, _ in out}
+            leaves = {it.key: space.leaves.get(it.key, []) for it, _, _ in out}
             sims = similarity_scores(mem, query, leaves)
-            return [self._search_item(it, sims.get(it.key)) for it, _ in out]
-        return [self._search_item(it, score) for it, score in out]
+            return [search_item(it, sims.get(it.key), h) for it, _, h in out]
+        return [search_item(it, score, h) for it, score, h in out]
 
     @staticmethod
     def _where(
@@ -765,17 +768,6 @@ class HierMemStore(TTLMixin, SearchOptions, BaseStore):
             return also is None or also.matches(message)
 
         return where
-
-    @staticmethod
-    def _search_item(item: Item, score: float | None = None) -> SearchItem:
-        return SearchItem(
-            namespace=item.namespace,
-            key=item.key,
-            value=item.value,
-            created_at=item.created_at,
-            updated_at=item.updated_at,
-            score=float(score) if score is not None else None,
-        )
 
     # ------------------------------------------------------------------ namespaces
     def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:

@@ -384,6 +384,41 @@ async def test_asearch_min_score() -> None:
     assert [it.key for it in kept] == ["k1"]
 
 
+def test_search_items_carry_the_supersession_marks_and_read_them_as_of_a_time() -> None:
+    """A newer put that restates a count replaces the older item's text: the newer item ranks first, the
+    older one says which key replaced it and when; as of a time before the update it is current."""
+    from datetime import datetime, timezone
+
+    from langgraph.store.base import SearchItem
+
+    from langchain_hiermem.store_marks import MarkedSearchItem
+
+    store = HierMemStore(index=index(), memory_kwargs=MEMORY_KWARGS)
+    clock = iter([datetime(2024, 1, d, 12, tzinfo=timezone.utc) for d in range(1, 20)])
+    store._clock = lambda: next(clock)
+    store.put(("a",), "old", {"text": "I walk my dog Luna twice a day around the park"})
+    store.put(("a",), "other", {"text": "My sister lives in Lisbon"})
+    store.put(("a",), "new", {"text": "I now walk my dog Luna 3 times a day around the park"})
+    got = store.search(("a",), query="how often do I walk my dog Luna", limit=3)
+    assert all(isinstance(it, MarkedSearchItem) for it in got)
+    by_key = {it.key: it for it in got}
+    assert [it.key for it in got].index("new") < [it.key for it in got].index("old")
+    old, new = by_key["old"], by_key["new"]
+    assert old.superseded_by == ("new",) and old.valid_to == new.valid_from is not None
+    assert new.superseded_by == () and new.valid_to is None and old.valid_from < new.valid_from
+    assert by_key["other"].superseded_by == ()
+    row = old.dict()
+    assert row["superseded_by"] == ["new"] and row["valid_to"] == new.valid_from and row["score"] == old.score
+    plain = SearchItem(old.namespace, old.key, old.value, old.created_at, old.updated_at, old.score)
+    assert old == plain  # equal to the plain item: LangGraph code comparing items is unaffected
+    before = store.search(("a",), query="how often do I walk my dog Luna", limit=3, as_of=old.valid_from)
+    assert [(it.key, it.superseded_by, it.valid_to) for it in before] == [("old", (), None)]
+    store.delete(("a",), "new")  # deleting the newer item makes the older current again
+    again = {it.key: it for it in store.search(("a",), query="how often do I walk my dog Luna", limit=3)}
+    assert again["old"].superseded_by == () and again["old"].valid_to is None
+    assert all(type(it) is SearchItem for it in store.search(("a",), limit=3))  # no query: no marks
+
+
 def test_search_as_of_keeps_out_what_was_put_later() -> None:
     """Each put is stamped with the store's clock (UTC); a search as of a time sees only what was put by
     then, and its time expressions resolve against it."""
