@@ -14,7 +14,8 @@ things (``"43 hours"`` then ``"12 movies"``) and two sentences about different s
 Only statements a speaker makes about themselves take part: sentences with a first-person word that do not
 open as a question (``"How many ...?"``; ``"I'm thinking of two cups, do you think so?"`` states), of a
 speaker other than an ``"assistant"`` role (an assistant's numbered lists and suggestions state nothing that
-later changes). List numbering (``"2."`` opening a sentence) is not a value.
+later changes). List numbering (``"2."`` opening a sentence) and the day of a date (a number beside a month
+name: ``"January 28th"``, ``"the 3rd of May"``) are not values.
 
 :class:`~shared_core.memories.supersession.Supersession` runs the rule on a new message and its nearest
 earlier messages by the memory's own similarity (the message vectors), of the same speaker and role.
@@ -105,6 +106,36 @@ _NUMBER_WORDS: dict[str, str] = {
     "thousand": "1000",
     "dozen": "12",
 }
+#: month names: a number beside one is a day of a date ("January 28th", "28 Jan", "the 28th of May"), not
+#: a count
+_MONTHS = frozenset(
+    [
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    ]
+)
 #: number words that carry their unit
 _TIMES = {"once": "1", "twice": "2", "thrice": "3"}
 _TOKEN = re.compile(r"(\d+(?:[.,:/]\d+)*)|([^\W\d_][\w'’]*)", re.UNICODE)
@@ -190,6 +221,8 @@ def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]
         if not n and t not in _NUMBER_WORDS:
             continue
         number = t if n else _NUMBER_WORDS[t]
+        if _is_day(tokens, i):
+            continue
         # a number word counts only what directly follows it ("one cup", not "order one this week")
         seen, window = 0, UNIT_WINDOW if n else 1
         for u, un in tokens[i + 1 :]:
@@ -202,6 +235,19 @@ def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]
             if seen >= window:
                 break
     return frozenset(stems.values()), frozenset(values)
+
+
+def _is_day(tokens: list[tuple[str, bool]], i: int) -> bool:
+    """Whether the number at ``tokens[i]`` is the day of a date: a month name right before it, or right
+    after it (past an ordinal's suffix and an "of")."""
+    if i and tokens[i - 1][0] in _MONTHS:
+        return True
+    j = i + 1
+    if j < len(tokens) and tokens[j][0] in _ORDINAL_SUFFIX:
+        j += 1
+    if j < len(tokens) and tokens[j][0] == "of":
+        j += 1
+    return j < len(tokens) and tokens[j][0] in _MONTHS
 
 
 _SPEAKS_OF_SELF = re.compile(r"\b(?:i|me|my|mine|we|us|our|ours)\b|\bi['’]", re.IGNORECASE)

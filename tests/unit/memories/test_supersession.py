@@ -69,6 +69,18 @@ def _new() -> Message:
             False,
         ),
         ("2. I liked this movie a lot.", "5. I liked this movie a lot.", False),  # list numbering is no count
+        # a day of a date is no count: two workshops on two dates (a false update the rule once made)
+        (
+            "I'm attending the photography workshop on January 28th with my friends.",
+            "I'm attending the photography workshop on November 15th with my friends.",
+            False,
+        ),
+        (
+            "I signed up for the run on 3 May with my club.",
+            "I signed up for the run on 9 May with my club.",
+            False,
+        ),
+        ("I ran the 28th of May race with my club.", "I ran the 30th of June race with my club.", False),
     ],
 )
 def test_rule_hand_worked(older, newer, want):
