@@ -14,7 +14,10 @@ the *leaf* hits among the first ``c`` hits, ``c`` in :data:`CUTOFFS`:
 * ``ndcg@10``: NDCG of the turns, binary relevance (``has_answer``), ranks over all returned hits;
 * ``newest_first@10`` (knowledge-update questions with two or more evidence sessions, else undefined): 1
   when the first leaf hit from an evidence session comes from the newest one (the updated statement), 0
-  when it comes from an older one, undefined when none is among the first 10 hits.
+  when it comes from an older one, undefined when none is among the first 10 hits;
+* ``newest_turn_first@10``: the same over the evidence turns (``has_answer``) only: 1 when the first
+  evidence turn among the first 10 hits is from the newest evidence session, so the labelled statements
+  themselves, not other turns of their sessions (a question, an assistant's reply), decide.
 
 Abstention questions (id ending ``_abs``: the answer is not in the history) are counted apart: their rows
 carry ``"abstention": true`` and category ``"abstention"``, and the pooled figures and intervals leave them
@@ -74,6 +77,7 @@ LME_METRICS = (
     "session_recall_all@10",
     "ndcg@10",
     "newest_first@10",
+    "newest_turn_first@10",
 )
 """The per-question LongMemEval figures, averaged per method and per question type."""
 
@@ -374,11 +378,19 @@ def question_metrics(q: Query, hits: Sequence[Any], k: int, canonical: Mapping[s
         ideal = sum(1.0 / math.log2(r + 1) for r in range(1, min(len(turns), 10) + 1))
         out["ndcg@10"] = dcg / ideal
     newest = q.meta.get("newest_evidence_session")
-    out["newest_first@10"] = None if k < 10 else math.nan
-    if k >= 10 and out["question_type"] == "knowledge-update" and len(sessions) >= 2:
-        first_s = next((s for r, t in ranked if r <= 10 and (s := t.rsplit(":", 1)[0]) in sessions), None)
-        if first_s is not None:
-            out["newest_first@10"] = float(first_s == newest)
+    for name, among in (("newest_first@10", None), ("newest_turn_first@10", turns)):
+        out[name] = None if k < 10 else math.nan
+        if k >= 10 and out["question_type"] == "knowledge-update" and len(sessions) >= 2:
+            first_s = next(
+                (
+                    s
+                    for r, t in ranked
+                    if r <= 10 and (among is None or t in among) and (s := t.rsplit(":", 1)[0]) in sessions
+                ),
+                None,
+            )
+            if first_s is not None:
+                out[name] = float(first_s == newest)
     return out
 
 

@@ -397,6 +397,23 @@ def test_newest_first_on_knowledge_update_questions(tmp_path):
     assert math.isnan(m["newest_first@10"])  # defined for knowledge-update questions only
 
 
+def test_newest_turn_first_reads_the_evidence_turns_only(tmp_path):
+    """answer_t_1:0 and answer_t_2:1 are the labelled turns; other turns of their sessions do not decide."""
+    items = tiny_longmemeval()
+    items[1]["question_type"] = "knowledge-update"
+    conv = load_longmemeval(write_longmemeval(tmp_path / "ku.json", items))[1]
+    q, canon = conv.queries[0], conv.meta["canonical_turns"]
+    # the older session's unlabelled reply ranks first, then the newer statement, then the older one
+    hits = [_hit(["answer_t_1:1"]), _hit(["answer_t_2:1"]), _hit(["answer_t_1:0"])]
+    m = question_metrics(q, hits, 10, canon)
+    assert (m["newest_first@10"], m["newest_turn_first@10"]) == (0.0, 1.0)
+    hits = [_hit(["answer_t_2:2"]), _hit(["answer_t_1:0"]), _hit(["answer_t_2:1"])]
+    m = question_metrics(q, hits, 10, canon)
+    assert (m["newest_first@10"], m["newest_turn_first@10"]) == (1.0, 0.0)
+    assert math.isnan(question_metrics(q, [_hit(["answer_t_2:2"])], 10, canon)["newest_turn_first@10"])
+    assert question_metrics(q, hits, 5, canon)["newest_turn_first@10"] is None
+
+
 # --------------------------------------------------------------------------- reader and judge
 def test_longmemeval_judge_rubric_per_type_through_the_cli(tmp_path, openai_server):
     def llm(request: dict) -> str:
