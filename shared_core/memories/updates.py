@@ -14,8 +14,9 @@ things (``"43 hours"`` then ``"12 movies"``) and two sentences about different s
 Only statements a speaker makes about themselves take part: sentences with a first-person word that do not
 open as a question (``"How many ...?"``; ``"I'm thinking of two cups, do you think so?"`` states), of a
 speaker other than an ``"assistant"`` role (an assistant's numbered lists and suggestions state nothing that
-later changes). List numbering (``"2."`` opening a sentence) and the day of a date (a number beside a month
-name: ``"January 28th"``, ``"the 3rd of May"``) are not values.
+later changes). List numbering (``"2."`` opening a sentence), the day of a date (a number beside a month
+name: ``"January 28th"``, ``"the 3rd of May"``) and a year (``"in 2019 with my club"``; a number shaped like
+one is a count only of the word right after it: ``"2000 followers"``) are not values.
 
 :class:`~shared_core.memories.supersession.Supersession` runs the rule on a new message and its nearest
 earlier messages by the memory's own similarity (the message vectors), of the same speaker and role.
@@ -138,6 +139,8 @@ _MONTHS = frozenset(
 )
 #: number words that carry their unit
 _TIMES = {"once": "1", "twice": "2", "thrice": "3"}
+#: a number shaped like a year ("2019"): a count only of the word right after it ("2000 followers")
+_YEAR = re.compile(r"^(?:19|20)\d\d$")
 _TOKEN = re.compile(r"(\d+(?:[.,:/]\d+)*)|([^\W\d_][\w'’]*)", re.UNICODE)
 _LIST_ITEM = re.compile(r"^\s*\(?\d+[.)]\s")
 _ORDINAL_SUFFIX = frozenset(["st", "nd", "rd", "th", "s"])
@@ -223,18 +226,27 @@ def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]
         number = t if n else _NUMBER_WORDS[t]
         if _is_day(tokens, i):
             continue
-        # a number word counts only what directly follows it ("one cup", not "order one this week")
-        seen, window = 0, UNIT_WINDOW if n else 1
-        for u, un in tokens[i + 1 :]:
-            if n and (un or u in _ORDINAL_SUFFIX or u in _NUMBER_WORDS):
-                continue  # a range ("3-4 days"), an ordinal's suffix ("5th")
-            if u in stems:
-                values.add((stems[u], number))
-                break
-            seen += 1
-            if seen >= window:
-                break
+        year = n and _YEAR.match(t) is not None  # "2019": a year unless a unit follows ("2000 followers")
+        unit = _unit_after(tokens, i, stems, UNIT_WINDOW if n and not year else 1)
+        if unit is not None:
+            values.add((unit, number))
     return frozenset(stems.values()), frozenset(values)
+
+
+def _unit_after(tokens: list[tuple[str, bool]], i: int, stems: dict[str, str], window: int) -> str | None:
+    """The unit stem of the number at ``tokens[i]``: the first content word among the next ``window``
+    words (``None``: none). A number word or a year counts only what directly follows it (``window`` 1:
+    "one cup", not "order one this week"; "2000 followers", not "in 2019 with my club")."""
+    seen = 0
+    for u, un in tokens[i + 1 :]:
+        if un or u in _ORDINAL_SUFFIX or u in _NUMBER_WORDS:
+            continue  # a range ("3-4 days"), an ordinal's suffix ("5th")
+        if u in stems:
+            return stems[u]
+        seen += 1
+        if seen >= window:
+            break
+    return None
 
 
 def _is_day(tokens: list[tuple[str, bool]], i: int) -> bool:

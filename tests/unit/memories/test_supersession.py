@@ -81,6 +81,17 @@ def _new() -> Message:
             False,
         ),
         ("I ran the 28th of May race with my club.", "I ran the 30th of June race with my club.", False),
+        # a year is no count; a number shaped like one with its unit right after it is
+        (
+            "I ran the Boston marathon in 2019 with my club.",
+            "I ran the Boston marathon in 2021 with my club.",
+            False,
+        ),
+        (
+            "I have 2000 followers on my photo account.",
+            "I have 2500 followers on my photo account now.",
+            True,
+        ),
     ],
 )
 def test_rule_hand_worked(older, newer, want):
