@@ -14,9 +14,11 @@ things (``"43 hours"`` then ``"12 movies"``) and two sentences about different s
 Only statements a speaker makes about themselves take part: sentences with a first-person word that do not
 open as a question (``"How many ...?"``; ``"I'm thinking of two cups, do you think so?"`` states), of a
 speaker other than an ``"assistant"`` role (an assistant's numbered lists and suggestions state nothing that
-later changes). List numbering (``"2."`` opening a sentence), the day of a date (a number beside a month
-name: ``"January 28th"``, ``"the 3rd of May"``) and a year (``"in 2019 with my club"``; a number shaped like
-one is a count only of the word right after it: ``"2000 followers"``) are not values.
+later changes). List numbering (``"2."`` opening a sentence) and times are not values: the day of a date (a
+number beside a month name: ``"January 28th"``, ``"the 3rd of May"``, ``"the 22nd last month"``), a year
+(``"in 2019 with my club"``; a number shaped like one is a count only of the word right after it: ``"2000
+followers"``), a time of day (``"4:30"``, ``"7 am"``) and how long ago (``"2 months ago"``). A hyphenated
+measure counts the word after it: ``"30-mile rides"`` is 30 *rides*, not miles.
 
 :class:`~shared_core.memories.supersession.Supersession` runs the rule on a new message and its nearest
 earlier messages by the memory's own similarity (the message vectors), of the same speaker and role.
@@ -139,6 +141,12 @@ _MONTHS = frozenset(
 )
 #: number words that carry their unit
 _TIMES = {"once": "1", "twice": "2", "thrice": "3"}
+#: a number joined to the word after it by a hyphen ("5-day trip")
+_HYPHENATED = re.compile(r"-[^\W\d_]")
+#: words after a number that make it a time of day
+_CLOCK = frozenset(["am", "pm"])
+#: words before "month" that make an ordinal a day ("the 22nd last month")
+_RELATIVE = frozenset(["last", "this", "next", "the"])
 #: a number shaped like a year ("2019"): a count only of the word right after it ("2000 followers")
 _YEAR = re.compile(r"^(?:19|20)\d\d$")
 _TOKEN = re.compile(r"(\d+(?:[.,:/]\d+)*)|([^\W\d_][\w'’]*)", re.UNICODE)
@@ -208,7 +216,12 @@ def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]
     """``(subject stems, values)`` of one sentence; both empty for a question or a sentence that does
     not speak of the speaker (no first-person word): those state nothing about the speaker to update."""
     tokens: list[tuple[str, bool]] = []  # (lower-cased token, is a number)
-    for num, word in _TOKEN.findall(_LIST_ITEM.sub("", sentence, count=1)):
+    measures: set[int] = set()  # numbers joined to their word by a hyphen: "5-day", "30-mile"
+    text = _LIST_ITEM.sub("", sentence, count=1)
+    for m in _TOKEN.finditer(text):
+        num, word = m.group(1), m.group(2)
+        if num and _HYPHENATED.match(text, m.end()):
+            measures.add(len(tokens))
         tokens.append((num.replace(",", ""), True) if num else (word.lower().replace("’", "'"), False))
     if not tokens or tokens[0][0] in _ASKS:
         return _NOTHING  # a question ("How many ...?"; "..., do you think so?" still states its first part)
@@ -224,10 +237,12 @@ def _sentence(sentence: str) -> tuple[frozenset[str], frozenset[tuple[str, str]]
         if not n and t not in _NUMBER_WORDS:
             continue
         number = t if n else _NUMBER_WORDS[t]
-        if _is_day(tokens, i):
+        if _is_day(tokens, i) or _is_time(tokens, i):
             continue
         year = n and _YEAR.match(t) is not None  # "2019": a year unless a unit follows ("2000 followers")
-        unit = _unit_after(tokens, i, stems, UNIT_WINDOW if n and not year else 1)
+        # a hyphenated measure qualifies the word after it: "30-mile rides" counts rides, not miles
+        at = i + 1 if i in measures else i
+        unit = _unit_after(tokens, at, stems, UNIT_WINDOW if n and not year else 1)
         if unit is not None:
             values.add((unit, number))
     return frozenset(stems.values()), frozenset(values)
@@ -251,15 +266,27 @@ def _unit_after(tokens: list[tuple[str, bool]], i: int, stems: dict[str, str], w
 
 def _is_day(tokens: list[tuple[str, bool]], i: int) -> bool:
     """Whether the number at ``tokens[i]`` is the day of a date: a month name right before it, or right
-    after it (past an ordinal's suffix and an "of")."""
+    after it (past an ordinal's suffix and an "of"), or "last / this / next month" after it."""
     if i and tokens[i - 1][0] in _MONTHS:
         return True
-    j = i + 1
-    if j < len(tokens) and tokens[j][0] in _ORDINAL_SUFFIX:
-        j += 1
-    if j < len(tokens) and tokens[j][0] == "of":
-        j += 1
-    return j < len(tokens) and tokens[j][0] in _MONTHS
+    words = [t for t, _ in tokens[i + 1 : i + 5]]
+    if words[:1] and words[0] in _ORDINAL_SUFFIX:
+        words = words[1:]
+    if words[:1] == ["of"]:
+        words = words[1:]
+    return bool(words) and (words[0] in _MONTHS or (words[0] in _RELATIVE and words[1:2] == ["month"]))
+
+
+def _is_time(tokens: list[tuple[str, bool]], i: int) -> bool:
+    """Whether the number at ``tokens[i]`` names a time rather than a count: a time of day ("4:30",
+    "7 am") or how long ago something was ("2 months ago", "around 6 weeks ago")."""
+    t, n = tokens[i]
+    if n and ":" in t:
+        return True
+    after = [u for u, _ in tokens[i + 1 : i + 2 + UNIT_WINDOW]]
+    if after[:1] and after[0] in _CLOCK:
+        return True
+    return "ago" in after[:3]
 
 
 _SPEAKS_OF_SELF = re.compile(r"\b(?:i|me|my|mine|we|us|our|ours)\b|\bi['’]", re.IGNORECASE)

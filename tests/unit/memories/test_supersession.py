@@ -81,6 +81,27 @@ def _new() -> Message:
             False,
         ),
         ("I ran the 28th of May race with my club.", "I ran the 30th of June race with my club.", False),
+        # times are no counts: how long ago, a time of day, a day of last month (false updates the rule
+        # once made on the dev histories)
+        ("My mom's hip surgery was 2 months ago.", "My mom's hip surgery was 4 months ago, I think.", False),
+        ("I wake up at 4:30 every day with my cat.", "I wake up at 6:30 every day with my cat.", False),
+        ("I wake up at 5 am every day with my cat.", "I wake up at 7 am every day with my cat.", False),
+        (
+            "I got a lamp at an estate sale on the 22nd last month.",
+            "I got a vase at an estate sale on the 15th of last month.",
+            False,
+        ),
+        # a hyphenated measure qualifies the word after it: rides are not miles, a flow is not minutes
+        (
+            "I've been doing 30-mile rides on my road bike.",
+            "I've already done 2,000 miles on my road bike.",
+            False,
+        ),
+        (
+            "I planned a 4-day trip to Colorado with my sister.",
+            "I planned a 6-day trip to Colorado with my sister.",
+            True,
+        ),
         # a year is no count; a number shaped like one with its unit right after it is
         (
             "I ran the Boston marathon in 2019 with my club.",
