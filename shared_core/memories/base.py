@@ -706,12 +706,16 @@ class HierarchicalMemory(
             self.last_candidates = None
             as_of = None if flt is None else flt.as_of
             cue = self._time_cue(query, as_of, time_weight)
-            fetch = k if cue is None and not self._newer_map() else max(4 * k, 40)
+            deep = max(4 * k, 40)
+            fetch = k if cue is None else deep
             try:
                 cands = self._shaped(self._retrieve(query, policy, fetch, **params), fetch)
+                pool = cands
                 if cue is not None:
                     cands = self._time_ranked(cands, cue)
-                cands = self._current_first(cands, as_of)
+                elif self._superseded_among(cands[:k], as_of):  # its successors may rank lower
+                    pool = self._shaped(self._retrieve(query, policy, deep, **params), deep)
+                cands = self._current_first(cands, as_of, pool)
                 hits = self._readable(query, self._to_hits(cands, k, max_tokens), policy)
                 hits = self._with_marks(hits, as_of)
             finally:

@@ -263,16 +263,29 @@ class Supersession:
         """The newer leaves that supersede leaf ``nid`` as of ``as_of`` (ascending)."""
         return [n for n in self._newer_map().get(nid, ()) if self._said_by(n, as_of)]
 
-    def _current_first(
+    def _superseded_among(
         self, cands: list[tuple[int, float, dict[str, Any]]], as_of: datetime | None
+    ) -> bool:
+        """Whether a candidate is superseded as of ``as_of`` (its successors are then looked for deeper)."""
+        newer = self._newer_map()
+        return bool(newer) and any(c[0] in newer and self._newer_of(c[0], as_of) for c in cands)
+
+    def _current_first(
+        self,
+        cands: list[tuple[int, float, dict[str, Any]]],
+        as_of: datetime | None,
+        pool: list[tuple[int, float, dict[str, Any]]] | None = None,
     ) -> list[tuple[int, float, dict[str, Any]]]:
-        """Candidates with each superseded statement's successors (those among the candidates, the chain's
-        later statements transitively) moved up to just before it, newest first; everything else keeps its
-        order."""
+        """Candidates with each superseded statement's successors (those among the candidates or the
+        deeper ``pool`` of the same retrieval, the chain's later statements transitively) moved up to just
+        before it, newest first; everything else keeps its order. The policy's own hits are thus kept
+        (a policy whose top-k depends on k, MemTree's ``traversal`` or HAT's ``greedy``, is asked for k),
+        and a successor it ranked lower or not at all among its k joins them."""
         newer = self._newer_map()
         if not newer:
             return cands
-        present = {c[0]: c for c in cands}
+        present = {c[0]: c for c in pool or ()}
+        present.update({c[0]: c for c in cands})
         out: list[tuple[int, float, dict[str, Any]]] = []
         placed: set[int] = set()
         for c in cands:
