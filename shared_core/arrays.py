@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["grow", "lookup", "positions"]
+__all__ = ["grow", "lookup", "positions", "unique_ints"]
 
 
 def grow(a: np.ndarray, need: int, fill: Any = None, minimum: int = 16) -> np.ndarray:
@@ -65,3 +65,24 @@ def lookup(table: np.ndarray, keys: np.ndarray, default: Any) -> np.ndarray:
     inside = (keys >= 0) & (keys < len(table))
     out[inside] = table[keys[inside]]
     return out
+
+
+def unique_ints(a: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of an integer array: ``numpy.unique(a)``, by a sort and a mask.
+
+    numpy 2's hash-based ``unique`` took 10-40x the time of a sort on the id and slot arrays retrieval
+    builds (1k-200k entries), and a third of a retrieval's CPU at 100k messages.
+
+    Args:
+        a: an integer array of any shape (read flattened).
+
+    Returns:
+        A new 1-d array of the same dtype, ascending, each value once.
+    """
+    b = np.sort(np.asarray(a).ravel())
+    if len(b) < 2:
+        return b
+    keep = np.empty(len(b), dtype=bool)
+    keep[0] = True
+    np.not_equal(b[1:], b[:-1], out=keep[1:])
+    return b[keep]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..arrays import unique_ints
 from ..scores import top_k
 from ..types import InvalidInputError
 from .ann import NeighbourSearch
@@ -116,7 +117,7 @@ def descendants(children: Callable[[int], Sequence[int]], roots: dict[int, int])
             if d > 1:
                 nxt.extend((c, d - 1) for c in kids)
         frontier = nxt
-    return np.unique(np.asarray(out, dtype=np.int64))
+    return unique_ints(np.asarray(out, dtype=np.int64))
 
 
 def relevance_bound(

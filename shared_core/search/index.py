@@ -22,7 +22,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from ..arrays import grow, lookup
+from ..arrays import grow, lookup, unique_ints
 from ..scores import UNIT_ROW_NORM, exact_dot, inner_products, normalize_rows, top_k, unit_row_norm
 from ..types import EmbeddingError, PersistenceError
 
@@ -307,7 +307,7 @@ class NodeIndex:
             rows = np.arange(n, dtype=np.int64)
         else:
             rows = self.rows(np.fromiter((int(i) for i in subset), dtype=np.int64))
-            rows = np.unique(rows[rows >= 0])
+            rows = unique_ints(rows[rows >= 0])
         ids = self.ids[rows]
         scores = self.scores_at(rows, q)
         top = top_k(ids, scores, k)

@@ -25,7 +25,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
-from ..arrays import grow
+from ..arrays import grow, unique_ints
 from ..types import InvalidInputError
 
 __all__ = ["COMMON_SHARE", "LexicalIndex", "tokenize"]
@@ -412,7 +412,7 @@ class LexicalIndex:
         if not 0.0 < bound <= level or all(common for _, _, common in terms):
             return None
         rare = {tid: self._live(tid) for tid, _, common in terms if not common}
-        slots = np.unique(np.concatenate([sl for sl, _ in rare.values()]))
+        slots = unique_ints(np.concatenate([sl for sl, _ in rare.values()]))
         out = np.zeros(len(slots), dtype=np.float64)
         for tid, weight, common in terms:  # in query order, as _score_slots adds them
             if common:

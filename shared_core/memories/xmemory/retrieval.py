@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ...arrays import lookup, positions
+from ...arrays import lookup, positions, unique_ints
 from ...prompts import xmemory as P
 from ...types import Hit, InvalidInputError, check_finite
 from ..base import ADMISSIBLE, RELEVANCE_KINDS, check_choice, check_weight
@@ -391,14 +391,14 @@ class _XMemoryRetrieval(_XMemoryConstruction):
         if episodes:
             eps = ids[(self._arrays.level[ids] == EPISODE) & ~leaf]
             msgs.append(np.asarray([m for e in eps.tolist() for m in self._leaves_of(e)], dtype=np.int64))
-        m = np.unique(np.concatenate(msgs))
+        m = unique_ints(np.concatenate(msgs))
         mark[:] = False
         mark[m] = True
         out = [ids, m, psem[mark[pmsg]]]
         if episodes:
             par = self._arrays.parent[m]
             out.append(par[par >= 0])
-        return np.unique(np.concatenate(out))
+        return unique_ints(np.concatenate(out))
 
     def _top_down(
         self, rel: _Relevance, p: dict[str, Any], k: int, meta: dict[str, Any]

@@ -144,3 +144,15 @@ def test_lookup_takes_the_default_outside_the_table():
     assert lookup(p, np.array([9, 2, 3, 10, -1, 5]), -1).tolist() == [2, 1, -1, -1, -1, 0]
     assert lookup(np.array([0.5, 1.5]), np.array([1, 7]), -np.inf).tolist() == [1.5, -np.inf]
     assert lookup(np.zeros(0), np.array([0, 3]), 2.0).tolist() == [2.0, 2.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-(2**40), max_value=2**40), max_size=300))
+def test_unique_ints_is_numpys_unique(values):
+    """The sort-and-mask ``unique_ints`` returns exactly ``numpy.unique`` (values, order, dtype)."""
+    from shared_core.arrays import unique_ints
+
+    a = np.asarray(values, dtype=np.int64)
+    got, want = unique_ints(a), np.unique(a)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert np.array_equal(unique_ints(a.reshape(1, -1)), want)  # read flattened
