@@ -283,10 +283,8 @@ def _is_time(tokens: list[tuple[str, bool]], i: int) -> bool:
     t, n = tokens[i]
     if n and ":" in t:
         return True
-    after = [u for u, _ in tokens[i + 1 : i + 2 + UNIT_WINDOW]]
-    if after[:1] and after[0] in _CLOCK:
-        return True
-    return "ago" in after[:3]
+    after = [u for u, _ in tokens[i + 1 : i + 4]]  # "7 am"; "2 months ago", "6 more weeks ago"
+    return (bool(after) and after[0] in _CLOCK) or "ago" in after
 
 
 _SPEAKS_OF_SELF = re.compile(r"\b(?:i|me|my|mine|we|us|our|ours)\b|\bi['’]", re.IGNORECASE)
