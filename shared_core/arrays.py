@@ -1,12 +1,17 @@
-"""Small numpy helpers shared by the incremental structures: growable arrays and id -> position maps."""
+"""Small numpy helpers shared by the incremental structures: growable arrays, id -> position maps, and
+one BLAS thread for a memory's own array work."""
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-__all__ = ["grow", "lookup", "positions", "unique_ints"]
+__all__ = ["grow", "lookup", "one_blas_thread", "positions", "unique_ints"]
 
 
 def grow(a: np.ndarray, need: int, fill: Any = None, minimum: int = 16) -> np.ndarray:
@@ -86,3 +91,52 @@ def unique_ints(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(b[1:], b[:-1], out=keep[1:])
     return b[keep]
+
+
+_blas_controller: Any = None
+_blas_modules = -1
+_blas_local = threading.local()
+
+
+def _blas_libraries() -> Any:
+    """The process's BLAS libraries (a threadpoolctl controller), looked up again when modules were
+    imported since the last lookup."""
+    global _blas_controller, _blas_modules
+    if _blas_controller is None or _blas_modules != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+
+        _blas_controller = ThreadpoolController().select(user_api="blas")
+        _blas_modules = len(sys.modules)
+    return _blas_controller
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run the block with the process's BLAS libraries on one thread (threadpoolctl), then give back
+    their thread counts.
+
+    A memory's matrix products are small (a block of rows against a few queries), where a second BLAS
+    thread saves no time, and OpenBLAS's worker threads keep spinning for a while after each threaded
+    call: interleaved with a bulk add's other work they kept a second core busy, 0.4-0.5x the CPU of
+    embedding the messages, with the same wall time. Scores do not depend on it (see
+    :func:`shared_core.scores.inner_products`).
+
+    threadpoolctl's rules apply: a library whose thread count is the calling thread's (OpenMP builds,
+    MKL) is limited in this thread only; one whose count is the process's (OpenBLAS on pthreads) is
+    limited only when no other live thread controls it, and this thread gives that control up again
+    when its outermost block leaves, so that the application's own limits keep working. Nested blocks
+    in one thread limit once. 6 us per outermost block, more after an import (the libraries are looked
+    up again).
+    """
+    depth = getattr(_blas_local, "depth", 0)
+    limiter = _blas_libraries().limit(limits=1) if depth == 0 else None
+    _blas_local.depth = depth + 1
+    try:
+        yield
+    finally:
+        _blas_local.depth = depth
+        if limiter is not None:
+            limiter.restore_original_limits()
+            from threadpoolctl import OpenBLASController
+
+            OpenBLASController.clear_controlling_thread()  # only when this thread holds it

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from ..arrays import one_blas_thread
 from ..models.base import LLM, Embedder, Summarizer
 from ..progress import ProgressLike, check_progress, progress_reporter
 from ..search.ann import NeighbourSearch
@@ -345,7 +346,7 @@ class HierarchicalMemory(
             self._before_commit(report.usage)
             self._embed_pending(report.usage)
 
-        with self._lock, progress_reporter(progress, len(messages)) as tick:
+        with self._lock, one_blas_thread(), progress_reporter(progress, len(messages)) as tick:
             self._transaction(report.usage, insert)
             self._record_seconds(report.usage, time.perf_counter() - t0)
         return report
@@ -400,7 +401,7 @@ class HierarchicalMemory(
             self._before_commit(usage)
             self._embed_pending(usage)
 
-        with self._lock:
+        with self._lock, one_blas_thread():
             self._sync_store()
             find()
             self._transaction(usage, remove)
@@ -697,7 +698,7 @@ class HierarchicalMemory(
                 f"Unknown retrieval parameter(s) {', '.join(unknown)} for {type(self).__name__}; "
                 f"use k=... for the number of hits; other parameters: {names}."
             )
-        with self._lock:
+        with self._lock, one_blas_thread():
             self._sync_store()
             if self._store.root is None:
                 return []
