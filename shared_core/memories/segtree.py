@@ -410,7 +410,10 @@ class SegTreeMem(HierarchicalMemory):
 
         When the level is one of ``nid``'s implicit single-child copies, that copy is stored now (it is
         about to get a second child): a node at ``level`` with ``nid`` as its only child takes ``nid``'s
-        place under its parent, with ``nid``'s annotation, span and vector.
+        place under its parent, with ``nid``'s annotation and span. Its vector is made for its text when
+        the insertion's vectors are (an internal node's, composed by default), not taken from ``nid``: a
+        leaf's embedded vector would otherwise stay on a summary whose text its second child leaves
+        unchanged.
         """
         st = self._store
         node = st.nodes[nid]
@@ -419,7 +422,6 @@ class SegTreeMem(HierarchicalMemory):
         parent = node.parent
         assert parent is not None and node.level < level < st.nodes[parent].level
         copy = st.new_node(text=node.text, level=level, span=node.span)
-        self._set_vector(copy.id, self._vector(nid))
         st.detach(nid)
         st.add_child(parent, copy.id)
         st.add_child(copy.id, nid)

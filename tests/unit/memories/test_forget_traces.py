@@ -374,6 +374,19 @@ def test_every_text_is_derivable_from_live_messages_only(kind):
 
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
     @given(ops=OPS)
+    # SegTreeMem: a stored single-child copy of a leaf whose second child leaves its summary unchanged
+    # (the 160-character budget holds only the first child's sentences) once kept the leaf's vector
+    @example(
+        ops=[
+            ("add", [0], "ann", 1, False),
+            ("add", [0, 0], "ann", 1, False),
+            ("add", [1], "bob", 1, False),
+            ("add", [4], "ann", 1, False),
+            ("add", [0, 0], "ann", 1, False),
+            ("add", [0, 3], "bob", 1, False),
+            ("delete", 0),
+        ]
+    )
     def run(ops: list[tuple[Any, ...]]) -> None:
         mem = make_memory(kind, HashEmbedder(), **({"summary_chars": 160} if kind != "xmemory" else {}))
         live: dict[str, Message] = {}
